@@ -1,0 +1,45 @@
+"""The exception hierarchy: users catch "a process failed" apart from "the checkpoint does not fit"."""
+
+import pickle
+
+import pytest
+
+from torchdata_snapshot import errors
+
+
+def test_every_error_is_a_reading_service_error_and_a_runtime_error() -> None:
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert issubclass(cls, errors.ReadingServiceError), name
+        assert issubclass(cls, RuntimeError), name
+
+
+@pytest.mark.parametrize(
+    "cls, family",
+    [
+        (errors.WorkerDiedError, errors.WorkerError),
+        (errors.WorkerTimeoutError, errors.WorkerError),
+        (errors.StateCaptureError, errors.CheckpointError),
+        (errors.StateRestoreError, errors.CheckpointError),
+        (errors.InvalidCheckpointError, errors.CheckpointError),
+        (errors.IncompatibleCheckpointError, errors.CheckpointError),
+        (errors.ReplayDivergenceError, errors.CheckpointError),
+    ],
+)
+def test_families(cls: type, family: type) -> None:
+    assert issubclass(cls, family)
+    other = errors.CheckpointError if family is errors.WorkerError else errors.WorkerError
+    assert not issubclass(cls, other), "a process failure and a misfit checkpoint must be told apart"
+
+
+def test_bad_checkpoint_input_is_also_a_value_error() -> None:
+    assert issubclass(errors.InvalidCheckpointError, ValueError)
+    assert issubclass(errors.IncompatibleCheckpointError, ValueError)
+
+
+def test_errors_survive_pickling_with_their_message() -> None:
+    # Errors raised in a worker travel to the main process as pickled values.
+    for name in errors.__all__:
+        err = getattr(errors, name)("worker 2 (pid 7) exited")
+        again = pickle.loads(pickle.dumps(err))
+        assert type(again) is type(err) and str(again) == "worker 2 (pid 7) exited"

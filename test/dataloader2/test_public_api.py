@@ -1,0 +1,29 @@
+"""The public API changes only on purpose: this list is the contract of `import torchdata_snapshot`."""
+
+import torchdata_snapshot
+
+EXPECTED_PUBLIC_NAMES = [
+    "CheckpointError",
+    "IncompatibleCheckpointError",
+    "InvalidCheckpointError",
+    "ProtocolError",
+    "ReadingServiceClosedError",
+    "ReadingServiceError",
+    "ReplayDivergenceError",
+    "StateCaptureError",
+    "StateRestoreError",
+    "WorkerDiedError",
+    "WorkerError",
+    "WorkerTimeoutError",
+]
+
+
+def test_all_is_sorted_and_exactly_the_public_api() -> None:
+    assert torchdata_snapshot.__all__ == sorted(torchdata_snapshot.__all__)
+    assert torchdata_snapshot.__all__ == EXPECTED_PUBLIC_NAMES
+
+
+def test_every_public_name_is_documented() -> None:
+    for name in torchdata_snapshot.__all__:
+        obj = getattr(torchdata_snapshot, name)
+        assert obj.__doc__ and obj.__doc__.strip(), f"{name} has no docstring"

@@ -1,0 +1,109 @@
+"""The exceptions raised by torchdata_snapshot, in one place.
+
+The hierarchy is small on purpose, so that a training loop can tell apart the two
+questions that matter on a bad day: "did a process fail?" and "does this checkpoint fit?"
+
+::
+
+    ReadingServiceError (RuntimeError)
+    ├── WorkerError                      a worker or the dispatching process failed
+    │   ├── WorkerDiedError              ... exited (killed, crashed); names worker, pid, exit code
+    │   └── WorkerTimeoutError           ... is alive but did not answer within the bound
+    ├── ProtocolError                    a message nobody expected (a request the loop does not know)
+    ├── ReadingServiceClosedError        the reading service was used after ``shutdown()``
+    └── CheckpointError                  a checkpoint cannot be taken or used
+        ├── StateCaptureError            a DataPipe's state could not be taken or pickled
+        ├── StateRestoreError            a DataPipe's ``load_state_dict`` failed
+        ├── InvalidCheckpointError       truncated, corrupted or of another format version
+        ├── IncompatibleCheckpointError  valid, but for another ``num_workers`` or pipeline
+        └── ReplayDivergenceError        replay did not reproduce the recorded items
+
+Errors raised by the user's own DataPipes inside a worker are re-raised in the main process
+with their original type and the worker's traceback, as upstream DataLoader2 does; they are
+not wrapped in these classes.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointError",
+    "IncompatibleCheckpointError",
+    "InvalidCheckpointError",
+    "ProtocolError",
+    "ReadingServiceClosedError",
+    "ReadingServiceError",
+    "ReplayDivergenceError",
+    "StateCaptureError",
+    "StateRestoreError",
+    "WorkerDiedError",
+    "WorkerError",
+    "WorkerTimeoutError",
+]
+
+
+class ReadingServiceError(RuntimeError):
+    """Base class of every exception raised by torchdata_snapshot itself."""
+
+
+class WorkerError(ReadingServiceError):
+    """A worker process or the dispatching process failed; the reading service was shut down."""
+
+
+class WorkerDiedError(WorkerError):
+    """A worker or the dispatching process exited while the main process depended on it.
+
+    The message names the process (``worker 2``, ``dispatching process``), its pid and its exit
+    code (negative for a signal, e.g. ``-9`` for SIGKILL).
+    """
+
+
+class WorkerTimeoutError(WorkerError):
+    """A process stayed alive but did not answer a control request within the time bound."""
+
+
+class ProtocolError(ReadingServiceError):
+    """A process received a message it does not handle, or an answer that does not fit the request."""
+
+
+class ReadingServiceClosedError(ReadingServiceError):
+    """The reading service was used (``snapshot()``, ``checkpoint()``, ...) after ``finalize()``."""
+
+
+class CheckpointError(ReadingServiceError):
+    """A checkpoint could not be taken, or a state could not be restored."""
+
+
+class StateCaptureError(CheckpointError):
+    """Taking the state of a DataPipe failed: its ``state_dict()`` raised, or the state is not picklable.
+
+    The message names the DataPipe (and, when known, the attribute that could not be pickled).
+    """
+
+
+class StateRestoreError(CheckpointError):
+    """Loading a state into a DataPipe failed (its ``load_state_dict()`` raised)."""
+
+
+class InvalidCheckpointError(CheckpointError, ValueError):
+    """The reading-service state is not a valid checkpoint of this format and version.
+
+    Raised for truncated or corrupted states, states written by another format version, and
+    anything that is not the plain data ``checkpoint()`` produces. Nothing is started.
+    """
+
+
+class IncompatibleCheckpointError(CheckpointError, ValueError):
+    """The checkpoint is valid but was taken with another ``num_workers`` or another pipeline.
+
+    Prefetch counts and the multiprocessing context may differ between save and restore (they do
+    not change the order of the data); the number of workers and the pipeline's structure may not.
+    """
+
+
+class ReplayDivergenceError(CheckpointError):
+    """Deterministic replay produced different items than the run that was checkpointed.
+
+    The pipeline is not deterministic for the given seed (for example it reads a file that changed,
+    or uses an unseeded source of randomness). Continuing would silently hand out other data.
+    Pass ``verify_replay=False`` to the reading service to turn the check off.
+    """
