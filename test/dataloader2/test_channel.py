@@ -1,0 +1,139 @@
+"""Channel: one pipe pair, bounded waits, a dead peer reported by name, pid and exit code."""
+
+import multiprocessing
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from torchdata_snapshot.channel import ItemDecoder, ItemEncoder, ParentGone, describe_exit, make_pipe_pair
+from torchdata_snapshot.errors import WorkerDiedError, WorkerTimeoutError
+
+FORK = multiprocessing.get_context("fork")
+
+
+def test_encoder_round_trips_items_in_order() -> None:
+    items = [0, "a", {"k": [1, 2]}, None, (3.5, b"x"), torch.arange(4)]
+    encoder = ItemEncoder()
+    for item in items:
+        encoder.add(item)
+    assert encoder.count == len(items) and encoder.nbytes > 0
+    count, payload = encoder.take()
+    decoded = ItemDecoder.decode(count, payload)
+    assert decoded[:-1] == items[:-1]
+    assert torch.equal(decoded[-1], items[-1])
+    assert encoder.count == 0 and encoder.nbytes == 0
+
+
+def test_encoder_keeps_items_independent() -> None:
+    shared = [1, 2]
+    encoder = ItemEncoder()
+    encoder.add(shared)
+    encoder.add(shared)
+    first, second = ItemDecoder.decode(*encoder.take())
+    assert first == second == [1, 2] and first is not second
+
+
+def test_a_failed_item_leaves_the_batch_as_it_was() -> None:
+    encoder = ItemEncoder()
+    encoder.add(1)
+    with pytest.raises(Exception):
+        encoder.add(lambda: None)  # not picklable
+    encoder.add(2)
+    assert ItemDecoder.decode(*encoder.take()) == [1, 2]
+
+
+def test_requests_and_responses_cross_in_order() -> None:
+    channel, endpoint, _ = make_pipe_pair()
+    channel.send("ping-1")
+    channel.send("ping-2")
+    assert endpoint.poll()
+    assert endpoint.recv(timeout_s=1) == "ping-1"
+    assert endpoint.recv(timeout_s=1) == "ping-2"
+    assert endpoint.recv(timeout_s=0.01) is None  # nothing more: a bounded wait, not a hang
+    endpoint.send("pong")
+    assert channel.poll()
+    assert channel.recv(timeout_s=1) == "pong"
+
+
+def test_a_silent_peer_times_out_with_a_named_error() -> None:
+    channel, _endpoint, _ = make_pipe_pair()
+    channel.bind("worker 3")
+    start = time.monotonic()
+    with pytest.raises(WorkerTimeoutError, match=r"worker 3 did not send a response within 0\.2 s"):
+        channel.recv(timeout_s=0.2)
+    assert time.monotonic() - start < 5
+
+
+def _exit_with(code: int) -> None:
+    os._exit(code)
+
+
+def _sleep_forever() -> None:
+    time.sleep(600)
+
+
+def _start(target, *args):  # type: ignore[no-untyped-def]
+    channel, endpoint, child_ends = make_pipe_pair(FORK)
+    process = FORK.Process(target=target, args=args, daemon=True)
+    process.start()
+    for end in child_ends:
+        end.close()
+    return channel.bind("worker 1", process), process
+
+
+def test_a_dead_worker_is_reported_with_pid_and_exit_code() -> None:
+    channel, process = _start(_exit_with, 3)
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError, match=rf"worker 1 \(pid {process.pid}\) exited unexpectedly with exit code 3"):
+        channel.recv()  # no timeout: liveness alone must end the wait
+    assert time.monotonic() - start < 10
+
+
+def test_a_killed_worker_is_reported_with_the_signal() -> None:
+    channel, process = _start(_sleep_forever)
+    os.kill(process.pid, signal.SIGKILL)
+    with pytest.raises(WorkerDiedError, match=r"exit code -9 \(SIGKILL\)"):
+        channel.recv()
+    process.join(5)
+
+
+def test_sending_to_a_dead_worker_names_it() -> None:
+    channel, process = _start(_exit_with, 0)
+    process.join(10)
+    with pytest.raises(WorkerDiedError, match=r"worker 1 .* exit code 0"):
+        for _ in range(1000):  # the first writes may still fit in the pipe buffer
+            channel.send(b"x" * 4096)
+
+
+def test_watch_reports_the_process_a_wait_depends_on() -> None:
+    channel, _endpoint, _ = make_pipe_pair()
+
+    def dispatcher_died() -> None:
+        raise WorkerDiedError("dispatching process (pid 42) exited unexpectedly with exit code -9 (SIGKILL)")
+
+    channel.bind("worker 0", watch=dispatcher_died)
+    with pytest.raises(WorkerDiedError, match="dispatching process"):
+        channel.recv(timeout_s=5)
+
+
+def test_the_serving_side_notices_its_parent_is_gone() -> None:
+    channel, endpoint, _ = make_pipe_pair()
+    channel.close()
+    with pytest.raises(ParentGone):
+        endpoint.recv(timeout_s=1)
+    endpoint.parent_pid = -1  # not our parent: as if the parent had died and we were adopted
+    channel2, endpoint2, _ = make_pipe_pair()
+    endpoint2.parent_pid = -1
+    with pytest.raises(ParentGone):
+        endpoint2.recv(timeout_s=0.01)
+    channel2.close()
+
+
+@pytest.mark.parametrize(
+    "code, words", [(None, "no exit code yet"), (0, "exit code 0"), (1, "exit code 1"), (-15, "exit code -15 (SIGTERM)")]
+)
+def test_describe_exit(code, words) -> None:  # type: ignore[no-untyped-def]
+    assert describe_exit(code) == words
