@@ -1,0 +1,290 @@
+"""The worker loop, driven in-process: requests go in a pipe, the loop runs, responses come out."""
+
+from typing import Any, List, Optional
+
+import pytest
+from torchdata.dataloader2.random import SeedGenerator
+from torchdata.dataloader2.utils import WorkerInfo
+from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
+
+from torchdata_snapshot import messages as m
+from torchdata_snapshot.channel import ItemDecoder, make_pipe_pair
+from torchdata_snapshot.errors import ProtocolError, StateCaptureError
+from torchdata_snapshot.worker import BatchingOptions, WorkerLoop, WorkerOptions
+
+
+def serve(
+    datapipe: Any,
+    requests: List[Any],
+    batching: BatchingOptions = BatchingOptions(),
+    init_error: Optional[Any] = None,
+) -> List[Any]:
+    """Send ``requests`` one by one (then a terminate), letting the loop finish the work of each
+    before the next; return the responses."""
+    channel, endpoint, _ = make_pipe_pair()
+    loop = WorkerLoop(datapipe, endpoint, WorkerInfo(1, 0), options=WorkerOptions(batching=batching),
+                      init_error=init_error)
+    for request in [*requests, m.TerminateRequest()]:
+        channel.send(request)
+        loop.run_until_idle()
+    assert loop.terminated
+    responses = []
+    while channel.poll():
+        responses.append(channel.recv(timeout_s=1))
+    assert isinstance(responses[-1], m.TerminateResponse)
+    return responses[:-1]
+
+
+def reset(epoch: int = 0, seed: int = 0) -> m.ResetEpochRequest:
+    return m.ResetEpochRequest(epoch, SeedGenerator(seed))
+
+
+def items_of(responses: List[Any]) -> List[Any]:
+    out: List[Any] = []
+    for r in responses:
+        if isinstance(r, m.ItemsResponse):
+            out.extend(ItemDecoder.decode(r.count, r.payload))
+    return out
+
+
+class Counting(IterDataPipe):
+    """Counts how many items it was asked for: production must follow credit."""
+
+    def __init__(self, source: IterDataPipe) -> None:
+        self.source = source
+        self.pulled = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for x in self.source:
+            self.pulled += 1
+            yield x
+
+
+def test_items_stream_in_order_under_credit_then_stop() -> None:
+    responses = serve(IterableWrapper(range(5)), [reset(), m.GetNextRequest(0, 10)])
+    assert isinstance(responses[0], m.ResetEpochResponse) and responses[0].epoch == 0
+    assert items_of(responses) == [0, 1, 2, 3, 4]
+    assert responses[-1] == m.StopIterationResponse(0)
+
+
+def test_production_never_exceeds_credit() -> None:
+    dp = Counting(IterableWrapper(range(100)))
+    responses = serve(dp, [reset(), m.GetNextRequest(0, 3), m.GetStateRequest()])
+    assert items_of(responses) == [0, 1, 2]
+    snap = responses[-1].snapshot
+    assert (snap.produced, snap.sent, snap.buffered) == (3, 3, 0)
+    assert dp.pulled == 3
+
+
+def test_credit_for_another_epoch_is_ignored() -> None:
+    responses = serve(IterableWrapper(range(5)), [reset(epoch=1), m.GetNextRequest(0, 5), m.GetNextRequest(1, 2)])
+    assert items_of(responses) == [0, 1]
+
+
+def test_batches_are_bounded_by_count() -> None:
+    responses = serve(IterableWrapper(range(7)), [reset(), m.GetNextRequest(0, 7)], BatchingOptions(max_items=3))
+    assert [r.count for r in responses if isinstance(r, m.ItemsResponse)] == [3, 3, 1]
+    assert items_of(responses) == list(range(7))
+
+
+def test_batches_are_bounded_by_bytes() -> None:
+    responses = serve(IterableWrapper([b"x" * 1000] * 4), [reset(), m.GetNextRequest(0, 4)],
+                      BatchingOptions(max_bytes=1500))
+    assert [r.count for r in responses if isinstance(r, m.ItemsResponse)] == [2, 2]
+
+
+def test_zero_delay_sends_every_item_at_once() -> None:
+    responses = serve(IterableWrapper(range(3)), [reset(), m.GetNextRequest(0, 3)], BatchingOptions(max_delay_s=0))
+    assert [r.count for r in responses if isinstance(r, m.ItemsResponse)] == [1, 1, 1]
+
+
+def _fail_at_2(x: int) -> int:
+    if x == 2:
+        raise KeyError("no such sample")
+    return x
+
+
+def test_a_graph_exception_follows_the_items_before_it_and_keeps_its_type() -> None:
+    responses = serve(IterableWrapper(range(5)).map(_fail_at_2), [reset(), m.GetNextRequest(0, 5)])
+    assert items_of(responses) == [0, 1]
+    error = responses[-1]
+    assert isinstance(error, m.WorkerExceptionResponse)
+    with pytest.raises(KeyError, match=r"(?s)Caught KeyError in worker process 0.*no such sample"):
+        error.exc.reraise()
+
+
+class _NotPicklable:
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        raise TypeError("cannot pickle a file handle")
+
+
+def _unpicklable_at_1(x: int) -> Any:
+    return _NotPicklable() if x == 1 else x
+
+
+def test_an_unpicklable_item_is_reported_with_its_position() -> None:
+    responses = serve(IterableWrapper(range(3)).map(_unpicklable_at_1), [reset(), m.GetNextRequest(0, 3)])
+    assert items_of(responses) == [0]
+    with pytest.raises(Exception, match="while pickling item 1 of epoch 0"):
+        responses[-1].exc.reraise()
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+class FooRequest(m.Request):
+    pass
+
+
+def test_an_unknown_request_gets_an_error_response_and_the_loop_keeps_serving() -> None:
+    responses = serve(IterableWrapper(range(2)), [FooRequest(), reset(), m.GetNextRequest(0, 2)])
+    assert isinstance(responses[0], m.ErrorResponse) and responses[0].request_type == "FooRequest"
+    with pytest.raises(ProtocolError, match="does not handle request 'FooRequest'"):
+        responses[0].exc.reraise()
+    assert items_of(responses) == [0, 1]
+
+
+def _broken_pause_fn(dp: Any) -> Any:
+    raise RuntimeError("pause_fn failed")
+
+
+def test_a_failing_handler_answers_with_an_error() -> None:
+    responses = serve(IterableWrapper(range(2)), [reset(), m.PauseRequest(_broken_pause_fn), m.ResumeRequest()])
+    assert isinstance(responses[1], m.ErrorResponse) and responses[1].request_type == "PauseRequest"
+    with pytest.raises(RuntimeError, match="while serving PauseRequest"):
+        responses[1].exc.reraise()
+    assert isinstance(responses[2], m.ResumeResponse)
+
+
+class Pausable(IterDataPipe):
+    def __init__(self, source: IterDataPipe) -> None:
+        self.source = source
+        self.calls: List[str] = []
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        yield from self.source
+
+    def pause(self) -> None:
+        self.calls.append("pause")
+
+    def resume(self) -> None:
+        self.calls.append("resume")
+
+
+def test_nothing_is_produced_while_paused() -> None:
+    dp = Pausable(IterableWrapper(range(10)))
+    responses = serve(dp, [reset(), m.PauseRequest(), m.GetNextRequest(0, 4), m.GetStateRequest()])
+    assert items_of(responses) == []
+    snap = responses[-1].snapshot
+    assert snap.paused and snap.produced == 0
+    assert dp.calls == ["pause"]
+
+
+def test_resume_continues_where_pause_stopped() -> None:
+    dp = Pausable(IterableWrapper(range(6)))
+    requests = [reset(), m.GetNextRequest(0, 2), m.PauseRequest(), m.GetNextRequest(0, 5), m.ResumeRequest()]
+    responses = serve(dp, requests)
+    assert items_of(responses) == list(range(6))
+    kinds = [type(r).__name__ for r in responses if not isinstance(r, m.ItemsResponse)]
+    assert kinds == ["ResetEpochResponse", "PauseResponse", "ResumeResponse", "StopIterationResponse"]
+    assert dp.calls == ["pause", "resume"]
+
+
+def test_get_state_pauses_threaded_datapipes_around_the_capture() -> None:
+    dp = Pausable(IterableWrapper(range(3)))
+    serve(dp, [reset(), m.GetStateRequest()])
+    assert dp.calls == ["pause", "resume"]
+
+
+class WithState(IterDataPipe):
+    def __init__(self, source: IterDataPipe, unpicklable: bool = False, fail: bool = False) -> None:
+        self.source = source
+        self.seen = 0
+        self.unpicklable = unpicklable
+        self.fail = fail
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for x in self.source:
+            self.seen += 1
+            yield x
+
+    def state_dict(self) -> Any:
+        if self.fail:
+            raise OSError("disk gone")
+        if self.unpicklable:
+            return {"seen": self.seen, "handle": _NotPicklable()}
+        return {"seen": self.seen}
+
+
+def test_get_state_reports_counts_yields_and_datapipe_states() -> None:
+    dp = WithState(IterableWrapper(range(10))).map(_identity)
+    responses = serve(dp, [reset(epoch=4), m.GetNextRequest(4, 3), m.GetStateRequest()])
+    snap = responses[-1].snapshot
+    assert (snap.worker_id, snap.role, snap.epoch) == (0, "worker", 4)
+    assert (snap.produced, snap.sent, snap.buffered, snap.exhausted) == (3, 3, 0, False)
+    assert snap.datapipe_yields == {"0:MapperIterDataPipe": 3, "1:WithState": 3, "2:IterableWrapperIterDataPipe": 3}
+    assert snap.datapipe_states == {"1:WithState": {"seen": 3}}
+
+
+def test_an_unpicklable_state_names_the_datapipe_and_attribute() -> None:
+    dp = WithState(IterableWrapper(range(3)), unpicklable=True)
+    responses = serve(dp, [reset(), m.GetStateRequest(), m.GetStateRequest(include_datapipe_states=False)])
+    with pytest.raises(StateCaptureError, match=r"DataPipe 0:WithState .* cannot be pickled \(attribute 'handle'\)"):
+        responses[1].exc.reraise()
+    assert isinstance(responses[2], m.GetStateResponse), "the loop keeps serving"
+
+
+def test_a_failing_state_dict_names_the_datapipe() -> None:
+    responses = serve(WithState(IterableWrapper(range(3)), fail=True), [reset(), m.GetStateRequest()])
+    with pytest.raises(StateCaptureError, match=r"state_dict\(\) of DataPipe 0:WithState .* raised OSError: disk gone"):
+        responses[1].exc.reraise()
+
+
+def test_a_new_epoch_drops_the_old_one_and_replays_with_the_same_seed() -> None:
+    dp = IterableWrapper(range(20)).shuffle()
+    requests = [reset(0, seed=5), m.GetNextRequest(0, 4), reset(1, seed=5), m.GetNextRequest(1, 20)]
+    responses = serve(dp, requests)
+    marks = [i for i, r in enumerate(responses) if isinstance(r, m.ResetEpochResponse)]
+    first, second = items_of(responses[: marks[1]]), items_of(responses[marks[1]:])
+    assert len(first) == 4 and sorted(second) == list(range(20))
+    assert second[:4] == first, "same seed, same order"
+    assert second != list(range(20)), "the shuffle is seeded, not skipped"
+
+
+def _limit_fn(dp: Any, n: Optional[int]) -> Any:
+    return dp.header(n)
+
+
+def test_limit_applies_limit_fn_to_the_graph() -> None:
+    responses = serve(IterableWrapper(range(10)), [m.LimitRequest(3, _limit_fn), reset(), m.GetNextRequest(0, 10)])
+    assert isinstance(responses[0], m.LimitResponse)
+    assert items_of(responses) == [0, 1, 2]
+
+
+def test_an_init_error_answers_every_request() -> None:
+    try:
+        raise ImportError("no module named cv2")
+    except ImportError:
+        from torchdata._utils import ExceptionWrapper
+
+        error = ExceptionWrapper(where="in worker process 0 while initializing it")
+    responses = serve(IterableWrapper(range(3)), [reset(), m.GetStateRequest()], init_error=error)
+    assert [type(r) for r in responses] == [m.ErrorResponse, m.ErrorResponse]
+    with pytest.raises(ImportError, match="while initializing it"):
+        responses[0].exc.reraise()
+
+
+def test_the_loop_exits_when_the_parent_is_gone() -> None:
+    channel, endpoint, _ = make_pipe_pair()
+    channel.send(reset())
+    channel.close()
+    WorkerLoop(IterableWrapper(range(3)), endpoint, WorkerInfo(1, 0)).run()  # returns instead of hanging
+
+
+def test_handlers_table_covers_every_request_the_main_process_sends() -> None:
+    served = set(WorkerLoop.HANDLERS)
+    assert served == {
+        m.ResetEpochRequest, m.GetNextRequest, m.PauseRequest, m.ResumeRequest,
+        m.LimitRequest, m.GetStateRequest, m.TerminateRequest,
+    }

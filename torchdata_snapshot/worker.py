@@ -1,0 +1,424 @@
+"""The worker loop: serves the requests of one channel and streams items under credit.
+
+NOTE [ Snapshot protocol ]
+==========================
+
+Processes and pipes
+-------------------
+The main process owns one :class:`~torchdata_snapshot.channel.Channel` per worker: a request
+pipe (main -> worker) and a response pipe (worker -> main). Each pipe has exactly one writer,
+so the order in which a worker sends its responses is the order in which main reads them; data
+and control responses share the response pipe, and a control response therefore marks an exact
+position in the worker's item stream.
+
+Streaming under credit
+----------------------
+Upstream sends one ``GetNextRequest`` per item and waits for its answer. Here the main process
+grants *credit*: ``GetNextRequest(epoch, count)`` allows the worker to send ``count`` more items.
+The worker produces while it has credit and sends items in ``ItemsResponse`` batches (bounded by
+count, bytes and time, see :class:`BatchingOptions`). The main process keeps at most a window of
+``worker_prefetch_cnt + ceil(main_prefetch_cnt / num_workers) + 1`` items outstanding per worker
+and tops the credit up when half of it was used. Items the user has not taken yet wait in the
+response pipe or in the main process's buffer; no thread polls anything.
+
+Counters, per worker and epoch (always true between two messages):
+
+* worker:  ``produced == sent + buffered``, and ``produced <= credit granted``;
+* main:    ``received == delivered + buffered_in_main``, and ``received <= sent``;
+* after main has read a worker's ``GetStateResponse``: ``received == sent`` at the time of the
+  answer, because the answer follows every item sent before it on the same pipe.
+
+The order of items handed to the user never depends on timing: main takes one item from each
+live worker in turn (worker 0, 1, ..., N-1, 0, ...), skipping workers whose stream has ended;
+each worker's stream is a deterministic function of its graph and its seed.
+
+Requests and their handlers (the worker loop is single-threaded, so while it serves a request
+its DataPipes are paused by construction):
+
+================== =============================================================== ===================
+request            handler                                                          response
+================== =============================================================== ===================
+ResetEpochRequest  seed the graph (``process_reset_fn``), fresh iterator,           ResetEpochResponse
+                   credit and counters to zero
+GetNextRequest     add credit (ignored if for another epoch)                        (items)
+PauseRequest       send what is produced, ``pause()`` DataPipes, apply ``pause_fn`` PauseResponse
+ResumeRequest      apply ``resume_fn``, ``resume()`` DataPipes                      ResumeResponse
+LimitRequest       apply ``limit_fn`` (upstream semantics)                          LimitResponse
+GetStateRequest    pause threaded DataPipes, capture counts and states, resume     GetStateResponse
+TerminateRequest   stop serving                                                     TerminateResponse
+anything else      --                                                               ErrorResponse
+================== =============================================================== ===================
+
+A handler that fails answers ``ErrorResponse`` (the exception travels as a value) and the loop
+keeps serving. An exception raised by the graph while producing ends the worker's stream for the
+epoch with ``WorkerExceptionResponse``, after the items produced before it.
+
+``snapshot()`` (main process): send ``GetStateRequest`` to every worker, then read each worker's
+pipe up to its ``GetStateResponse``, buffering the items read on the way. No pause/resume round
+trip is needed for the workers themselves.
+
+Liveness and shutdown
+---------------------
+Every blocking wait has a timeout (``LIVENESS_CHECK_INTERVAL_S``) after which the waiter checks
+the other side: the main process checks the worker's exit code (and raises naming worker id, pid
+and exit code), a worker checks that its parent is still its parent. The main process closes its
+copies of the workers' pipe ends, so a dead worker is also seen at once as end-of-file. Shutdown
+sends ``TerminateRequest``, reads until ``TerminateResponse`` (bounded), joins with a timeout and
+kills what is left; it is idempotent.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+
+import torch
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
+from torchdata._utils import ExceptionWrapper
+from torchdata.dataloader2.graph import DataPipe
+from torchdata.dataloader2.graph._serialization import extract_wrapper
+from torchdata.dataloader2.utils import WorkerInfo
+from torchdata.dataloader2.utils.worker import process_reset_fn
+
+from torchdata_snapshot.channel import LIVENESS_CHECK_INTERVAL_S, Endpoint, ItemEncoder, ParentGone
+from torchdata_snapshot.errors import ProtocolError
+from torchdata_snapshot.messages import (
+    ErrorResponse,
+    GetNextRequest,
+    GetStateRequest,
+    GetStateResponse,
+    ItemsResponse,
+    LimitRequest,
+    LimitResponse,
+    PauseRequest,
+    PauseResponse,
+    Request,
+    ResetEpochRequest,
+    ResetEpochResponse,
+    ResumeRequest,
+    ResumeResponse,
+    StopIterationResponse,
+    TerminateRequest,
+    TerminateResponse,
+    WorkerExceptionResponse,
+)
+from torchdata_snapshot.snapshot import WorkerSnapshot, capture_datapipe_states, graph_datapipes
+
+__all__ = ["BatchingOptions", "WorkerLoop", "WorkerOptions", "prepare_worker_graph", "run_worker"]
+
+
+@dataclass(frozen=True)
+class BatchingOptions:
+    """How a worker groups items into one message.
+
+    A batch is sent as soon as it holds ``max_items`` items or ``max_bytes`` pickled bytes, when
+    credit runs out, or when producing one more item would hold the first one back longer than
+    ``max_delay_s`` (estimated from the recent time per item). Slow items therefore go out one by
+    one, tiny items in batches.
+    """
+
+    max_items: int = 64
+    max_bytes: int = 1 << 20
+    max_delay_s: float = 0.001
+
+    def __post_init__(self) -> None:
+        if self.max_items < 1:
+            raise ValueError(f"max_items must be >= 1, got {self.max_items}")
+        if self.max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1, got {self.max_bytes}")
+        if self.max_delay_s < 0:
+            raise ValueError(f"max_delay_s must be >= 0, got {self.max_delay_s}")
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """What every worker needs besides its graph; picklable (sent to spawned workers)."""
+
+    custom_init_fn: Optional[Callable[[DataPipe, WorkerInfo], DataPipe]] = None
+    custom_reset_fn: Optional[Callable[..., DataPipe]] = None
+    batching: BatchingOptions = BatchingOptions()
+
+
+def _handles(request_type: Type[Request]) -> Callable[[Callable], Callable]:
+    """Register the decorated method as the handler of ``request_type`` (see ``WorkerLoop.HANDLERS``)."""
+
+    def register(method: Callable) -> Callable:
+        method._handles = request_type  # type: ignore[attr-defined]
+        return method
+
+    return register
+
+
+class WorkerLoop:
+    """Serves one :class:`Endpoint` for the graph ``datapipe`` until ``TerminateRequest``.
+
+    ``HANDLERS`` is the one place that maps a request type to its handler.
+    """
+
+    HANDLERS: Dict[Type[Request], Callable[["WorkerLoop", Any], None]]
+
+    def __init__(
+        self,
+        datapipe: DataPipe,
+        endpoint: Endpoint,
+        worker_info: WorkerInfo,
+        *,
+        name: Optional[str] = None,
+        options: WorkerOptions = WorkerOptions(),
+        distributed_shared_seed: bool = False,
+        init_error: Optional[ExceptionWrapper] = None,
+    ) -> None:
+        self.datapipe = datapipe
+        self.endpoint = endpoint
+        self.worker_info = worker_info
+        self.name = name or f"worker process {worker_info.worker_id}"
+        self.options = options
+        self.distributed_shared_seed = distributed_shared_seed
+        self.init_error = init_error
+        self.encoder = ItemEncoder()
+        self.epoch = -1
+        self.iterator: Optional[Any] = None
+        self.credit = 0
+        self.produced = 0  # items the graph produced this epoch
+        self.sent = 0  # items sent to the main process this epoch; produced == sent + encoder.count
+        self.exhausted = False
+        self.paused = False
+        self.terminated = False
+        self._item_time_s = 0.0  # moving average of the time to produce one item
+        self._graph: List[Tuple[str, DataPipe]] = graph_datapipes(datapipe) if init_error is None else []
+
+    # --- main loop ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until ``TerminateRequest`` or until the parent is gone."""
+        try:
+            while not self.terminated:
+                if self._can_produce():
+                    self._produce_batch()
+                    self._serve_pending()
+                else:
+                    request = self.endpoint.recv(LIVENESS_CHECK_INTERVAL_S)
+                    if request is not None:
+                        self._handle(request)
+        except ParentGone:
+            pass
+        finally:
+            self.iterator = None
+
+    def run_until_idle(self) -> None:
+        """Serve what is pending and produce what credit allows, then return instead of waiting.
+
+        For in-process drivers (tests): after each request they send, the loop is run until it
+        has nothing left to do, which makes every step deterministic.
+        """
+        while not self.terminated:
+            if self._can_produce():
+                self._produce_batch()
+            elif self.endpoint.poll():
+                self._handle(self.endpoint.recv(timeout_s=None))
+            else:
+                return
+
+    def _serve_pending(self) -> None:
+        while not self.terminated and self.endpoint.poll():
+            self._handle(self.endpoint.recv(timeout_s=None))
+
+    def _can_produce(self) -> bool:
+        return self.iterator is not None and self.credit > 0 and not self.paused and not self.exhausted
+
+    def _produce_batch(self) -> None:
+        """Produce items while credit lasts and the batch bounds allow, then send them."""
+        batching = self.options.batching
+        start = time.perf_counter()
+        while self.credit > 0:
+            before = time.perf_counter()
+            try:
+                item = next(self.iterator)  # type: ignore[arg-type]
+            except StopIteration:
+                self._end_stream(StopIterationResponse(self.epoch))
+                return
+            except Exception:
+                self._end_stream(WorkerExceptionResponse(ExceptionWrapper(where=f"in {self.name}")))
+                return
+            now = time.perf_counter()
+            self._item_time_s = 0.75 * self._item_time_s + 0.25 * (now - before)
+            try:
+                self.encoder.add(item)
+            except Exception:
+                where = f"in {self.name} while pickling item {self.produced} of epoch {self.epoch}"
+                self._end_stream(WorkerExceptionResponse(ExceptionWrapper(where=where)))
+                return
+            self.produced += 1
+            self.credit -= 1
+            if (
+                self.encoder.count >= batching.max_items
+                or self.encoder.nbytes >= batching.max_bytes
+                or (now - start) + self._item_time_s >= batching.max_delay_s
+            ):
+                break
+        self._flush()
+
+    def _flush(self) -> None:
+        if self.encoder.count:
+            count, payload = self.encoder.take()
+            self.endpoint.send(ItemsResponse(self.epoch, count, payload))
+            self.sent += count
+
+    def _end_stream(self, response: Any) -> None:
+        self._flush()
+        self.endpoint.send(response)
+        self.exhausted = True
+        self.iterator = None
+
+    def _handle(self, request: Any) -> None:
+        handler = self.HANDLERS.get(type(request))
+        if self.init_error is not None and not isinstance(request, TerminateRequest):
+            self.endpoint.send(ErrorResponse(type(request).__name__, self.init_error))
+            return
+        if handler is None:
+            try:
+                raise ProtocolError(
+                    f"{self.name} does not handle request {type(request).__name__!r} ({request!r})"
+                )
+            except ProtocolError:
+                self.endpoint.send(ErrorResponse(type(request).__name__, ExceptionWrapper(where=f"in {self.name}")))
+            return
+        try:
+            handler(self, request)
+        except ParentGone:
+            raise
+        except Exception:
+            where = f"in {self.name} while serving {type(request).__name__}"
+            self.endpoint.send(ErrorResponse(type(request).__name__, ExceptionWrapper(where=where)))
+
+    # --- handlers -------------------------------------------------------------------------------
+
+    @_handles(ResetEpochRequest)
+    def _on_reset_epoch(self, request: ResetEpochRequest) -> None:
+        self.encoder.take()  # nothing of the previous epoch is sent after this point
+        self.iterator = None
+        self.datapipe = process_reset_fn(
+            self.datapipe,
+            self.worker_info,
+            request.seed_generator,
+            self.distributed_shared_seed,
+            request.iter_reset_fn,
+            self.options.custom_reset_fn,
+        )
+        self._graph = graph_datapipes(self.datapipe)
+        self.epoch = request.epoch
+        self.credit = self.produced = self.sent = 0
+        self.exhausted = False
+        self.iterator = iter(self.datapipe)
+        self.endpoint.send(ResetEpochResponse(self.epoch))
+
+    @_handles(GetNextRequest)
+    def _on_get_next(self, request: GetNextRequest) -> None:
+        if request.epoch == self.epoch:
+            self.credit += request.count
+
+    @_handles(PauseRequest)
+    def _on_pause(self, request: PauseRequest) -> None:
+        self._flush()
+        for _, dp in self._graph:
+            if callable(getattr(dp, "pause", None)):
+                dp.pause()
+        if request.pause_fn is not None:
+            self.datapipe = request.pause_fn(self.datapipe)
+        self.paused = True
+        self.endpoint.send(PauseResponse())
+
+    @_handles(ResumeRequest)
+    def _on_resume(self, request: ResumeRequest) -> None:
+        if request.resume_fn is not None:
+            self.datapipe = request.resume_fn(self.datapipe)
+        for _, dp in reversed(self._graph):
+            if callable(getattr(dp, "resume", None)):
+                dp.resume()
+        self.paused = False
+        self.endpoint.send(ResumeResponse())
+
+    @_handles(LimitRequest)
+    def _on_limit(self, request: LimitRequest) -> None:
+        if request.limit_fn is not None:
+            num_batches = request.num_batches if request.worker_num_batches is None else request.worker_num_batches
+            self.datapipe = request.limit_fn(self.datapipe, num_batches)
+        self.endpoint.send(LimitResponse())
+
+    @_handles(GetStateRequest)
+    def _on_get_state(self, request: GetStateRequest) -> None:
+        self.endpoint.send(GetStateResponse(self.capture(request.include_datapipe_states)))
+
+    @_handles(TerminateRequest)
+    def _on_terminate(self, request: TerminateRequest) -> None:
+        self.terminated = True
+        self.iterator = None
+        self.endpoint.send(TerminateResponse())
+
+    # --- state ----------------------------------------------------------------------------------
+
+    def capture(self, include_datapipe_states: bool = True) -> WorkerSnapshot:
+        """The worker's snapshot now; DataPipes with their own threads are paused around it."""
+        pausable = [] if self.paused else [dp for _, dp in self._graph if callable(getattr(dp, "pause", None))]
+        for dp in pausable:
+            dp.pause()
+        try:
+            states = capture_datapipe_states(self._graph) if include_datapipe_states else {}
+            yields = {key: int(getattr(dp, "_number_of_samples_yielded", 0)) for key, dp in self._graph}
+        finally:
+            for dp in reversed(pausable):
+                dp.resume()
+        return WorkerSnapshot(
+            worker_id=self.worker_info.worker_id,
+            role="worker",
+            pid=os.getpid(),
+            epoch=self.epoch,
+            produced=self.produced,
+            sent=self.sent,
+            buffered=self.encoder.count,
+            exhausted=self.exhausted,
+            paused=self.paused,
+            datapipe_yields=yields,
+            datapipe_states=states,
+        )
+
+
+WorkerLoop.HANDLERS = {
+    method._handles: method  # type: ignore[attr-defined]
+    for method in vars(WorkerLoop).values()
+    if callable(method) and hasattr(method, "_handles")
+}
+
+
+def prepare_worker_graph(datapipe: DataPipe, worker_info: WorkerInfo, options: WorkerOptions) -> DataPipe:
+    """Shard the replicable graph for this worker and apply ``worker_init_fn`` (upstream semantics)."""
+    torch.utils.data.graph_settings.apply_sharding(
+        datapipe, worker_info.num_workers, worker_info.worker_id, SHARDING_PRIORITIES.MULTIPROCESSING
+    )
+    if options.custom_init_fn is not None:
+        datapipe = options.custom_init_fn(datapipe, worker_info)
+    return datapipe
+
+
+def run_worker(
+    datapipe: DataPipe,
+    endpoint: Endpoint,
+    worker_info: WorkerInfo,
+    parent_pid: int,
+    options: WorkerOptions,
+) -> None:
+    """Entry point of a worker process."""
+    torch.set_num_threads(1)
+    endpoint.parent_pid = parent_pid
+    init_error = None
+    try:
+        datapipe = prepare_worker_graph(extract_wrapper(datapipe), worker_info, options)
+    except Exception:
+        init_error = ExceptionWrapper(where=f"in worker process {worker_info.worker_id} while initializing it")
+    loop = WorkerLoop(datapipe, endpoint, worker_info, options=options, init_error=init_error)
+    try:
+        loop.run()
+    finally:
+        endpoint.close()
