@@ -1,0 +1,177 @@
+"""WorkerConsumer: round-robin order, credit, exact counts, epochs — workers run as threads."""
+
+import threading
+from typing import Any, Iterator, List, Sequence
+
+import pytest
+from torchdata.dataloader2.random import SeedGenerator
+from torchdata.dataloader2.utils import WorkerInfo
+from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
+
+from torchdata_snapshot.channel import make_pipe_pair
+from torchdata_snapshot.consumer import WorkerConsumer, credit_window
+from torchdata_snapshot.errors import ReadingServiceClosedError
+from torchdata_snapshot.worker import BatchingOptions, WorkerLoop, WorkerOptions
+
+
+class Running:
+    """A consumer over in-process worker loops, each running in its own thread."""
+
+    def __init__(self, datapipes: Sequence[IterDataPipe], window: int = 3, max_items: int = 64) -> None:
+        channels, self.loops, self.threads = [], [], []
+        for worker_id, dp in enumerate(datapipes):
+            channel, endpoint, _ = make_pipe_pair()
+            options = WorkerOptions(batching=BatchingOptions(max_items=max_items))
+            loop = WorkerLoop(dp, endpoint, WorkerInfo(len(datapipes), worker_id), options=options)
+            thread = threading.Thread(target=loop.run, daemon=True)
+            thread.start()
+            channels.append(channel.bind(f"worker {worker_id}"))
+            self.loops.append(loop)
+            self.threads.append(thread)
+        self.consumer = WorkerConsumer(channels, window, control_timeout_s=30, data_timeout_s=30)
+        self.epoch = -1
+
+    def start_epoch(self, seed: int = 0) -> Iterator[Any]:
+        self.epoch += 1
+        seeds = [SeedGenerator(seed).spawn(i) for i in range(len(self.loops))]
+        self.consumer.reset_epoch(self.epoch, seeds, None)
+        return iter(self.consumer)
+
+    def close(self) -> None:
+        self.consumer.request_terminate(timeout_s=10)
+        for thread in self.threads:
+            thread.join(10)
+            assert not thread.is_alive()
+
+
+@pytest.fixture
+def running():  # type: ignore[no-untyped-def]
+    created: List[Running] = []
+
+    def make(*args: Any, **kwargs: Any) -> Running:
+        created.append(Running(*args, **kwargs))
+        return created[-1]
+
+    yield make
+    for r in created:
+        r.close()
+
+
+def round_robin(streams: Sequence[Sequence[Any]]) -> List[Any]:
+    """The contract's order: one item per live worker in turn, ended workers skipped."""
+    out, positions = [], [0] * len(streams)
+    while any(p < len(s) for p, s in zip(positions, streams)):
+        for i, s in enumerate(streams):
+            if positions[i] < len(s):
+                out.append(s[positions[i]])
+                positions[i] += 1
+    return out
+
+
+def test_credit_window_covers_both_prefetch_counts() -> None:
+    assert credit_window(num_workers=4, worker_prefetch_cnt=0, main_prefetch_cnt=0) == 1
+    assert credit_window(num_workers=4, worker_prefetch_cnt=10, main_prefetch_cnt=10) == 10 + 3 + 1
+    assert credit_window(num_workers=1, worker_prefetch_cnt=1, main_prefetch_cnt=1) == 3
+
+
+@pytest.mark.parametrize("window", [1, 2, 16])
+def test_items_come_round_robin_with_uneven_streams(running, window: int) -> None:  # type: ignore[no-untyped-def]
+    streams = [list(range(0, 5)), list(range(100, 102)), list(range(200, 207))]
+    r = running([IterableWrapper(s) for s in streams], window=window, max_items=2)
+    assert list(r.start_epoch()) == round_robin(streams)
+
+
+def test_workers_without_items_end_at_once(running) -> None:  # type: ignore[no-untyped-def]
+    r = running([IterableWrapper([1]), IterableWrapper([]), IterableWrapper([]), IterableWrapper([2])])
+    assert list(r.start_epoch()) == [1, 2]
+
+
+class Counting(IterDataPipe):
+    def __init__(self, source: IterDataPipe) -> None:
+        self.source = source
+        self.pulled = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        for x in self.source:
+            self.pulled += 1
+            yield x
+
+
+@pytest.mark.parametrize("k", [0, 1, 5, 12])
+def test_snapshot_counts_add_up(running, k: int) -> None:  # type: ignore[no-untyped-def]
+    r = running([IterableWrapper(range(10)), IterableWrapper(range(10))], window=4, max_items=3)
+    it = r.start_epoch()
+    taken = [next(it) for _ in range(k)]
+    snaps = r.consumer.request_snapshot()
+    assert len(taken) == k
+    assert sum(s.delivered for s in snaps) == k
+    for s in snaps:
+        assert s.produced == s.sent + s.buffered
+        assert s.sent == s.received, "every item sent before the answer has been read"
+        assert s.received == s.delivered + s.buffered_in_main
+        assert s.produced <= s.delivered + 4, "never more than the credit window ahead"
+
+
+def test_production_follows_credit(running) -> None:  # type: ignore[no-untyped-def]
+    dps = [Counting(IterableWrapper(range(100))) for _ in range(2)]
+    r = running(dps, window=2, max_items=1)
+    it = r.start_epoch()
+    for _ in range(6):
+        next(it)
+    r.consumer.request_snapshot()  # a barrier: both workers answered, so they are idle
+    assert [dp.pulled for dp in dps] == [3 + 2, 3 + 2]
+
+
+def test_a_new_epoch_drops_everything_in_flight(running) -> None:  # type: ignore[no-untyped-def]
+    r = running([IterableWrapper(range(50)).shuffle(), IterableWrapper(range(50)).shuffle()], window=8)
+    first = r.start_epoch(seed=3)
+    head = [next(first) for _ in range(5)]
+    second = list(r.start_epoch(seed=3))
+    assert second[:5] == head and len(second) == 100
+    with pytest.raises(RuntimeError, match="invalidated"):
+        next(first)  # an iterator of an old epoch is over, as for every IterDataPipe
+
+
+def _fail_at_3(x: int) -> int:
+    if x == 3:
+        raise ValueError(f"bad sample {x}")
+    return x
+
+
+def test_a_worker_exception_is_raised_at_its_place_in_the_order(running) -> None:  # type: ignore[no-untyped-def]
+    r = running([IterableWrapper(range(10)).map(_fail_at_3), IterableWrapper(range(100, 110))], window=16)
+    it = r.start_epoch()
+    got = []
+    with pytest.raises(ValueError, match=r"(?s)Caught ValueError in worker process 0.*bad sample 3"):
+        while True:
+            got.append(next(it))
+    assert got == [0, 100, 1, 101, 2, 102]
+
+
+def test_control_requests_collect_every_answer(running) -> None:  # type: ignore[no-untyped-def]
+    r = running([IterableWrapper(range(6)), IterableWrapper(range(6))], window=2)
+    it = r.start_epoch()
+    next(it)
+    r.consumer.request_pause()
+    assert all(s.paused for s in r.consumer.request_snapshot())
+    r.consumer.request_resume()
+    assert len(list(it)) == 11
+
+
+def test_terminate_is_idempotent_and_closes(running) -> None:  # type: ignore[no-untyped-def]
+    r = running([IterableWrapper(range(3))])
+    r.start_epoch()
+    r.consumer.request_terminate(timeout_s=10)
+    r.consumer.request_terminate(timeout_s=10)
+    with pytest.raises(ReadingServiceClosedError, match="shut down"):
+        r.consumer.request_snapshot()
+
+
+def test_the_consumer_is_a_leaf_for_graph_traversal(running) -> None:  # type: ignore[no-untyped-def]
+    from torchdata.dataloader2.graph import traverse_dps
+
+    r = running([IterableWrapper(range(3))])
+    graph = traverse_dps(r.consumer.map(int))
+    ((_, (_, parents)),) = graph.items()
+    ((_, (consumer, grand_parents)),) = parents.items()
+    assert consumer is r.consumer and grand_parents == {}

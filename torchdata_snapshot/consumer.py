@@ -1,0 +1,292 @@
+"""The main-process end of the workers: round-robin over worker channels with exact counts.
+
+:class:`WorkerConsumer` replaces upstream's ``_IterateQueueDataPipes`` (and the ``QueueWrapper``
+per worker). It is the DataPipe that stands, in the main process's graph, where the replicable
+branch was; it hands out the workers' items in a fixed round-robin order and keeps, per worker,
+the counters of NOTE [ Snapshot protocol ] (see :mod:`torchdata_snapshot.worker`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Type
+
+from torch.utils.data import IterDataPipe
+from torchdata._utils import ExceptionWrapper
+from torchdata.dataloader2.graph import DataPipe
+
+from torchdata_snapshot.channel import Channel, ItemDecoder
+from torchdata_snapshot.errors import ProtocolError, ReadingServiceClosedError
+from torchdata_snapshot.messages import (
+    ErrorResponse,
+    GetNextRequest,
+    GetStateRequest,
+    GetStateResponse,
+    ItemsResponse,
+    LimitRequest,
+    LimitResponse,
+    PauseRequest,
+    PauseResponse,
+    ResetEpochRequest,
+    ResetEpochResponse,
+    ResumeRequest,
+    ResumeResponse,
+    StopIterationResponse,
+    TerminateRequest,
+    TerminateResponse,
+    WorkerExceptionResponse,
+)
+from torchdata_snapshot.snapshot import WorkerSnapshot
+
+__all__ = ["CONTROL_TIMEOUT_S", "WorkerConsumer", "credit_window"]
+
+#: Default bound on waiting for the answer to a control request (pause, state, reset, ...).
+#: A worker answers between two items, so this must exceed the time to produce one item.
+CONTROL_TIMEOUT_S = 120.0
+
+
+def credit_window(num_workers: int, worker_prefetch_cnt: int, main_prefetch_cnt: int) -> int:
+    """Items that may be outstanding per worker: its own prefetch, its share of the main
+    process's prefetch, and the one item being asked for."""
+    return worker_prefetch_cnt + -(-main_prefetch_cnt // max(1, num_workers)) + 1
+
+
+class _EndOfStream:
+    """Buffer entry: the worker's stream ends here (``StopIterationResponse``)."""
+
+
+_END = _EndOfStream()
+
+
+class _Raise:
+    """Buffer entry: the worker's graph raised here; re-raise when the consumer reaches it."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: ExceptionWrapper) -> None:
+        self.exc = exc
+
+
+class WorkerConsumer(IterDataPipe):
+    """Round-robin over the workers' streams, with credit-based prefetching and exact counts.
+
+    Counters per worker for the current epoch (NOTE [ Snapshot protocol ]):
+    ``received[i]`` items read from worker ``i``, ``delivered[i]`` items handed downstream,
+    ``granted[i]`` credit sent; always ``received[i] == delivered[i] + len(buffers[i])`` (not
+    counting end markers) and ``delivered[i] <= received[i] <= granted[i]``.
+    """
+
+    def __init__(
+        self,
+        channels: Sequence[Channel],
+        window: int,
+        control_timeout_s: float = CONTROL_TIMEOUT_S,
+        data_timeout_s: Optional[float] = None,
+    ) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.channels = list(channels)
+        self.num_workers = len(self.channels)
+        self.window = window
+        self.control_timeout_s = control_timeout_s
+        self.data_timeout_s = data_timeout_s
+        self.epoch = -1
+        self.closed = False
+        self.lock = threading.RLock()
+        self.buffers: List[Deque[Any]] = [deque() for _ in self.channels]
+        self.received = [0] * self.num_workers
+        self.delivered = [0] * self.num_workers
+        self.granted = [0] * self.num_workers
+        self.exhausted = [True] * self.num_workers  # nothing to read before the first epoch
+        self.next_worker = 0
+
+    # DataPipe graph traversal pickles DataPipes to find their parents: this one has none, and
+    # its pipes and processes must never be pickled.
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"num_workers": self.num_workers, "window": self.window, "closed": True, "channels": []}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__([], max(1, state["window"]))  # type: ignore[misc]
+        self.num_workers = state["num_workers"]
+        self.closed = True
+
+    def __iter__(self) -> Iterator[Any]:
+        return _ConsumerIterator(self, self.epoch)
+
+    # --- data path ------------------------------------------------------------------------------
+
+    def next_item(self, epoch: int) -> Any:
+        """The next item of the round-robin order; ``StopIteration`` when every stream ended."""
+        with self.lock:
+            if epoch != self.epoch or self.closed:
+                raise StopIteration
+            while True:
+                if all(self.exhausted):
+                    raise StopIteration
+                worker_id = self.next_worker
+                if self.exhausted[worker_id]:
+                    self.next_worker = (worker_id + 1) % self.num_workers
+                    continue
+                buffer = self.buffers[worker_id]
+                if not buffer:
+                    self._read(worker_id, timeout_s=self.data_timeout_s, what="an item")
+                    continue
+                item = buffer.popleft()
+                if item is _END:
+                    self.exhausted[worker_id] = True
+                    self.next_worker = (worker_id + 1) % self.num_workers
+                    continue
+                if isinstance(item, _Raise):
+                    self.exhausted[worker_id] = True
+                    item.exc.reraise()
+                self.delivered[worker_id] += 1
+                self.next_worker = (worker_id + 1) % self.num_workers
+                self._top_up(worker_id)
+                return item
+
+    def _top_up(self, worker_id: int) -> None:
+        outstanding = self.granted[worker_id] - self.delivered[worker_id]
+        if outstanding * 2 <= self.window:
+            count = self.window - outstanding
+            self.granted[worker_id] += count
+            self.channels[worker_id].send(GetNextRequest(self.epoch, count))
+
+    def _read(self, worker_id: int, timeout_s: Optional[float], what: str) -> Any:
+        """Read one message from worker ``worker_id``; data goes to its buffer, others are returned."""
+        response = self.channels[worker_id].recv(timeout_s, what=what)
+        if isinstance(response, ItemsResponse):
+            items = ItemDecoder.decode(response.count, response.payload)
+            if response.epoch == self.epoch:
+                self.buffers[worker_id].extend(items)
+                self.received[worker_id] += response.count
+            return None
+        if isinstance(response, StopIterationResponse):
+            if response.epoch == self.epoch:
+                self.buffers[worker_id].append(_END)
+            return None
+        if isinstance(response, WorkerExceptionResponse):
+            self.buffers[worker_id].append(_Raise(response.exc))
+            return None
+        return response
+
+    # --- control path ---------------------------------------------------------------------------
+
+    def _await(self, worker_id: int, expected: Type[Any], what: str) -> Any:
+        """Read worker ``worker_id``'s pipe up to the response of type ``expected``.
+
+        Items read on the way are buffered (they precede the answer in the worker's stream).
+        An ``ErrorResponse`` is re-raised.
+        """
+        while True:
+            response = self._read(worker_id, timeout_s=self.control_timeout_s, what=what)
+            if response is None:
+                continue
+            if isinstance(response, expected):
+                return response
+            if isinstance(response, ErrorResponse):
+                response.exc.reraise()
+            raise ProtocolError(
+                f"{self.channels[worker_id].name} answered {type(response).__name__} while "
+                f"{expected.__name__} was expected"
+            )
+
+    def request_all(self, make_request: Callable[[int], Any], expected: Type[Any]) -> List[Any]:
+        """Send one request to every worker, then collect every answer (in parallel, not in turn)."""
+        with self.lock:
+            self._check_open()
+            for worker_id, channel in enumerate(self.channels):
+                channel.send(make_request(worker_id))
+            return [
+                self._await(worker_id, expected, what=expected.__name__) for worker_id in range(self.num_workers)
+            ]
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ReadingServiceClosedError("the reading service was shut down; its workers are gone")
+
+    def reset_epoch(self, epoch: int, seed_generators: Sequence[Any], iter_reset_fn: Optional[Callable]) -> None:
+        """Start ``epoch`` in every worker; everything still in flight from before is dropped."""
+        with self.lock:
+            self._check_open()
+            previous, self.epoch = self.epoch, epoch  # responses of `previous` are now stale
+            del previous
+            self.request_all(
+                lambda i: ResetEpochRequest(epoch, seed_generators[i], iter_reset_fn), ResetEpochResponse
+            )
+            for worker_id in range(self.num_workers):
+                self.buffers[worker_id].clear()
+                self.received[worker_id] = self.delivered[worker_id] = self.granted[worker_id] = 0
+                self.exhausted[worker_id] = False
+            self.next_worker = 0
+            for worker_id in range(self.num_workers):
+                self._top_up(worker_id)
+
+    def request_pause(self, pause_fn: Optional[Callable[[DataPipe], DataPipe]] = None) -> None:
+        self.request_all(lambda i: PauseRequest(pause_fn), PauseResponse)
+
+    def request_resume(self, resume_fn: Optional[Callable[[DataPipe], DataPipe]] = None) -> None:
+        self.request_all(lambda i: ResumeRequest(resume_fn), ResumeResponse)
+
+    def request_limit(self, num_batches: Optional[int], limit_fn: Optional[Callable] = None) -> None:
+        self.request_all(lambda i: LimitRequest(num_batches, limit_fn), LimitResponse)
+
+    def request_snapshot(self, include_datapipe_states: bool = True) -> List[WorkerSnapshot]:
+        """One :class:`WorkerSnapshot` per worker, with the main-process counts filled in."""
+        with self.lock:
+            responses = self.request_all(lambda i: GetStateRequest(None, include_datapipe_states), GetStateResponse)
+            return [self._complete(worker_id, r.snapshot) for worker_id, r in enumerate(responses)]
+
+    def _complete(self, worker_id: int, snap: WorkerSnapshot) -> WorkerSnapshot:
+        from dataclasses import replace
+
+        return replace(
+            snap,
+            received=self.received[worker_id],
+            delivered=self.delivered[worker_id],
+            buffered_in_main=self.received[worker_id] - self.delivered[worker_id],
+        )
+
+    def request_terminate(self, timeout_s: float) -> None:
+        """Ask every worker to stop and read up to its answer; errors of dead workers are ignored.
+
+        Idempotent. Items still in flight are read and dropped (tensors in them are released).
+        """
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            self.epoch = -2  # whatever is still in flight is stale
+            sent = []
+            for channel in self.channels:
+                try:
+                    channel.send(TerminateRequest())
+                    sent.append(channel)
+                except Exception:
+                    pass
+            for worker_id, channel in enumerate(self.channels):
+                if channel not in sent:
+                    continue
+                try:
+                    while not isinstance(self._read(worker_id, timeout_s, "TerminateResponse"), TerminateResponse):
+                        pass
+                except Exception:
+                    pass
+            for buffer in self.buffers:
+                buffer.clear()
+
+
+class _ConsumerIterator:
+    """The iterator of one epoch of a :class:`WorkerConsumer`."""
+
+    __slots__ = ("consumer", "epoch")
+
+    def __init__(self, consumer: WorkerConsumer, epoch: int) -> None:
+        self.consumer = consumer
+        self.epoch = epoch
+
+    def __iter__(self) -> "_ConsumerIterator":
+        return self
+
+    def __next__(self) -> Any:
+        return self.consumer.next_item(self.epoch)
