@@ -1,4 +1,11 @@
-"""torchdata_snapshot: a checkpointable, fast ``MultiProcessingReadingService`` for DataLoader2."""
+"""torchdata_snapshot: a checkpointable, fast ``MultiProcessingReadingService`` for DataLoader2.
+
+Swap one import::
+
+    from torchdata_snapshot import MultiProcessingReadingService
+
+and every upstream behaviour keeps working, plus :meth:`MultiProcessingReadingService.snapshot`.
+"""
 
 from torchdata_snapshot.errors import (
     CheckpointError,
@@ -14,13 +21,18 @@ from torchdata_snapshot.errors import (
     WorkerError,
     WorkerTimeoutError,
 )
+from torchdata_snapshot.reading_service import MultiProcessingReadingService
+from torchdata_snapshot.snapshot import WorkerSnapshot
+from torchdata_snapshot.worker import BatchingOptions
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchingOptions",
     "CheckpointError",
     "IncompatibleCheckpointError",
     "InvalidCheckpointError",
+    "MultiProcessingReadingService",
     "ProtocolError",
     "ReadingServiceClosedError",
     "ReadingServiceError",
@@ -29,5 +41,6 @@ __all__ = [
     "StateRestoreError",
     "WorkerDiedError",
     "WorkerError",
+    "WorkerSnapshot",
     "WorkerTimeoutError",
 ]

@@ -3,9 +3,11 @@
 import torchdata_snapshot
 
 EXPECTED_PUBLIC_NAMES = [
+    "BatchingOptions",
     "CheckpointError",
     "IncompatibleCheckpointError",
     "InvalidCheckpointError",
+    "MultiProcessingReadingService",
     "ProtocolError",
     "ReadingServiceClosedError",
     "ReadingServiceError",
@@ -14,6 +16,7 @@ EXPECTED_PUBLIC_NAMES = [
     "StateRestoreError",
     "WorkerDiedError",
     "WorkerError",
+    "WorkerSnapshot",
     "WorkerTimeoutError",
 ]
 

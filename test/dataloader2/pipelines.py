@@ -1,0 +1,149 @@
+"""Pipelines and helpers shared by the tests (importable by spawned workers and fresh processes)."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any, Dict, Iterator, List
+
+import numpy
+import torch
+from torch.utils.data import IterDataPipe
+from torchdata.datapipes.iter import IterableWrapper
+
+
+def double(x: int) -> int:
+    return 2 * x
+
+
+def is_even(x: int) -> bool:
+    return x % 2 == 0
+
+
+def not_multiple_of_3(x: int) -> bool:
+    return x % 3 != 0
+
+
+def with_global_randomness(x: int) -> tuple:
+    """Uses the three global RNGs DataLoader2 seeds per worker."""
+    return (x, random.randint(0, 10**6), int(torch.randint(0, 10**6, ())), int(numpy.random.randint(0, 10**6)))
+
+
+def random_delay(x: Any) -> Any:
+    """Sleeps 0-2 ms from an RNG that is *not* the pipeline's: timing only, never data."""
+    time.sleep(random.SystemRandom().random() * 0.002)
+    return x
+
+
+def fail_at_7(x: int) -> int:
+    if x == 7:
+        raise ValueError(f"sample {x} is corrupt")
+    return x
+
+
+def split(x: int) -> List[int]:
+    return [x, x + 1000]
+
+
+class NonReplicable(IterDataPipe):
+    """A pass-through that must stay in the main process (like upstream's fullsync/pin_memory)."""
+
+    def __init__(self, source: IterDataPipe) -> None:
+        self.source = source
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from self.source
+
+    def is_replicable(self) -> bool:
+        return False
+
+
+class CountingWithState(IterDataPipe):
+    """Counts what it yields and reports it through ``state_dict()``."""
+
+    def __init__(self, source: IterDataPipe) -> None:
+        self.source = source
+        self.seen = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        self.seen = 0
+        for x in self.source:
+            self.seen += 1
+            yield x
+
+    def state_dict(self) -> Dict[str, int]:
+        return {"seen": self.seen}
+
+
+def tiny(n: int = 40) -> IterDataPipe:
+    return IterableWrapper(range(n)).shuffle().sharding_filter().map(double)
+
+
+PIPELINES: Dict[str, Any] = {}
+
+
+def pipeline(name: str, n: int = 40, **kwargs: Any) -> IterDataPipe:
+    """Build a named pipeline shape (see ``PIPELINES``)."""
+    return PIPELINES[name](n, **kwargs)
+
+
+def _register(name: str):  # type: ignore[no-untyped-def]
+    def deco(fn):  # type: ignore[no-untyped-def]
+        PIPELINES[name] = fn
+        return fn
+
+    return deco
+
+
+@_register("shuffle_before_sharding")
+def _shuffle_before(n: int) -> IterDataPipe:
+    return IterableWrapper(range(n)).shuffle().sharding_filter().map(double)
+
+
+@_register("shuffle_after_sharding")
+def _shuffle_after(n: int) -> IterDataPipe:
+    return IterableWrapper(range(n)).sharding_filter().shuffle(buffer_size=8).map(double)
+
+
+@_register("batch")
+def _batch(n: int) -> IterDataPipe:
+    return IterableWrapper(range(n)).shuffle().sharding_filter().batch(3)
+
+
+@_register("unbatch")
+def _unbatch(n: int) -> IterDataPipe:
+    return IterableWrapper(range(n)).shuffle().sharding_filter().flatmap(split)
+
+
+@_register("uneven_filter")
+def _uneven(n: int) -> IterDataPipe:
+    return IterableWrapper(range(n)).sharding_filter().filter(not_multiple_of_3).filter(is_even)
+
+
+@_register("global_rng")
+def _global_rng(n: int) -> IterDataPipe:
+    return IterableWrapper(range(n)).sharding_filter().map(with_global_randomness)
+
+
+@_register("random_delays")
+def _random_delays(n: int) -> IterDataPipe:
+    return IterableWrapper(range(n)).shuffle().sharding_filter().map(random_delay).map(with_global_randomness)
+
+
+@_register("non_replicable_tail")
+def _tail(n: int) -> IterDataPipe:
+    return NonReplicable(IterableWrapper(range(n)).shuffle().sharding_filter().map(double)).map(double)
+
+
+@_register("dispatch")
+def _dispatch(n: int) -> IterDataPipe:
+    from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
+
+    return (
+        IterableWrapper(range(n)).shuffle().sharding_round_robin_dispatch(SHARDING_PRIORITIES.MULTIPROCESSING)
+        .map(with_global_randomness)
+    )
+
+
+def take(iterator: Iterator[Any], k: int) -> List[Any]:
+    return [next(iterator) for _ in range(k)]

@@ -1,0 +1,293 @@
+"""MultiProcessingReadingService end to end: drop-in behaviour and the RFC's snapshot()."""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+from typing import Any, List, Optional
+
+import pytest
+from pipelines import CountingWithState, NonReplicable, double, fail_at_7, pipeline, take, tiny
+from torchdata.dataloader2 import DataLoader2
+from torchdata.dataloader2 import MultiProcessingReadingService as UpstreamMPRS
+from torchdata.datapipes.iter import IterableWrapper
+
+from torchdata_snapshot import MultiProcessingReadingService, ReadingServiceClosedError, WorkerSnapshot
+from torchdata_snapshot.errors import ReadingServiceError
+
+
+def rs(num_workers: int = 2, **kwargs: Any) -> MultiProcessingReadingService:
+    kwargs.setdefault("multiprocessing_context", "fork")
+    return MultiProcessingReadingService(num_workers=num_workers, **kwargs)
+
+
+def run_epochs(make_dl: Any, datapipe: Any, reading_service: Any, epochs: int = 2, seed: int = 0) -> List[List[Any]]:
+    dl = make_dl(datapipe, reading_service, seed)
+    return [list(dl) for _ in range(epochs)]
+
+
+def assert_consistent(snaps: List[WorkerSnapshot], num_workers: int, delivered: Optional[int] = None) -> None:
+    """The invariants of WorkerSnapshot: counts add up inside each worker and with the main process."""
+    assert [s.worker_id for s in snaps] == list(range(num_workers))
+    assert len({s.pid for s in snaps}) == num_workers and os.getpid() not in {s.pid for s in snaps}
+    for s in snaps:
+        assert s.role == "worker"
+        assert s.produced == s.sent + s.buffered
+        assert s.sent == s.received
+        assert s.received == s.delivered + s.buffered_in_main
+    if delivered is not None:
+        assert sum(s.delivered for s in snaps) == delivered
+
+
+# --- drop-in -------------------------------------------------------------------------------------
+
+
+def test_is_an_upstream_reading_service_with_the_same_defaults() -> None:
+    ours, theirs = MultiProcessingReadingService(), UpstreamMPRS(num_workers=1)
+    assert isinstance(ours, UpstreamMPRS)
+    for name in ("multiprocessing_context", "worker_prefetch_cnt", "main_prefetch_cnt", "worker_init_fn",
+                 "worker_reset_fn"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert ours.num_workers == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"num_workers": -1}, "num_workers must be a non-negative int"),
+        ({"num_workers": 1.5}, "num_workers must be a non-negative int"),
+        ({"worker_prefetch_cnt": -2}, "worker_prefetch_cnt"),
+        ({"main_prefetch_cnt": None}, "main_prefetch_cnt"),
+        ({"multiprocessing_context": "threads"}, "multiprocessing_context must be one of"),
+        ({"control_timeout_s": 0}, "control_timeout_s must be > 0"),
+        ({"timeout_s": -1}, "timeout_s must be > 0 or None"),
+    ],
+)
+def test_bad_arguments_are_refused_with_value_errors(kwargs: Any, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        MultiProcessingReadingService(**kwargs)
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2, 4])
+def test_every_item_once_per_epoch(make_dl: Any, num_workers: int) -> None:
+    epochs = run_epochs(make_dl, tiny(40), rs(num_workers))
+    for epoch in epochs:
+        assert sorted(epoch) == [2 * i for i in range(40)]
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 4])
+def test_round_robin_keeps_the_order_of_a_shuffle_before_sharding(make_dl: Any, num_workers: int) -> None:
+    # Worker i holds positions i, i+N, ... of the shuffled stream; taking one item per worker
+    # in turn rebuilds that stream, so the order does not depend on num_workers.
+    in_process = run_epochs(make_dl, tiny(40), rs(0))
+    assert run_epochs(make_dl, tiny(40), rs(num_workers)) == in_process
+
+
+def test_same_seed_same_epochs_and_epochs_differ(make_dl: Any) -> None:
+    first = run_epochs(make_dl, pipeline("shuffle_after_sharding", 60), rs(2), epochs=3, seed=7)
+    again = run_epochs(make_dl, pipeline("shuffle_after_sharding", 60), rs(2), epochs=3, seed=7)
+    other = run_epochs(make_dl, pipeline("shuffle_after_sharding", 60), rs(2), epochs=3, seed=8)
+    assert first == again
+    assert first != other
+    assert first[0] != first[1] != first[2], "a seeded loader reshuffles every epoch"
+
+
+def test_more_workers_than_items(make_dl: Any) -> None:
+    # Upstream raises "Can not request next item while we are still waiting response" here.
+    assert sorted(run_epochs(make_dl, tiny(3), rs(4, worker_prefetch_cnt=0, main_prefetch_cnt=0))[1]) == [0, 2, 4]
+
+
+def test_breaking_out_of_an_epoch_and_starting_a_new_one(make_dl: Any) -> None:
+    # Upstream can kill a worker and deadlock here, or raise "Can not expect any response
+    # without submitted request".
+    reference = run_epochs(make_dl, tiny(50), rs(2), epochs=3)
+    dl = make_dl(tiny(50), rs(2))
+    got = []
+    for epoch in range(3):
+        it = iter(dl)
+        if epoch < 2:
+            got.append(take(it, 5 + epoch))
+        else:
+            got.append(list(it))
+    assert got == [reference[0][:5], reference[1][:6], reference[2]]
+
+
+def test_a_worker_exception_is_reraised_with_the_worker_traceback(make_dl: Any) -> None:
+    dl = make_dl(IterableWrapper(range(20)).sharding_filter().map(fail_at_7), rs(2))
+    got = []
+    with pytest.raises(ValueError, match=r"(?s)Caught ValueError in worker process 1.*fail_at_7.*sample 7 is corrupt"):
+        for x in dl:
+            got.append(x)
+    assert got == [0, 1, 2, 3, 4, 5, 6]
+
+
+def _init_fn(datapipe: Any, worker_info: Any) -> Any:
+    return datapipe.map(partial(_tag, f"init{worker_info.worker_id}"))
+
+
+def _tag(tag: str, x: Any) -> Any:
+    return (tag, x)
+
+
+def _reset_fn(datapipe: Any, worker_info: Any, seed_generator: Any) -> Any:
+    datapipe.fn = partial(_tag, f"w{worker_info.worker_id}:{seed_generator.generate_seed() % 1000}")
+    return datapipe
+
+
+def test_worker_init_and_reset_functions(make_dl: Any) -> None:
+    service = rs(2, worker_init_fn=_init_fn, worker_reset_fn=_reset_fn)
+    first, second = run_epochs(make_dl, IterableWrapper(range(4)).sharding_filter(), service)
+    assert [x[1] for x in first] == [0, 1, 2, 3]
+    assert {x[0] for x in first[0::2]} == {first[0][0]} and first[0][0].startswith("w0:")
+    assert first[1][0].startswith("w1:")
+    assert first[0][0] != second[0][0], "the reset function runs every epoch with that epoch's seed"
+
+
+def _pid_tag(x: Any) -> Any:
+    return (x, os.getpid())
+
+
+def test_non_replicable_datapipes_stay_in_the_main_process(make_dl: Any) -> None:
+    dp = NonReplicable(IterableWrapper(range(10)).sharding_filter().map(_pid_tag)).map(_pid_tag)
+    items = run_epochs(make_dl, dp, rs(2), epochs=1)[0]
+    assert [x[0][0] for x in items] == list(range(10))
+    assert {x[1] for x in items} == {os.getpid()}
+    assert len({x[0][1] for x in items}) == 2 and os.getpid() not in {x[0][1] for x in items}
+
+
+def test_pause_resume_and_limit(make_dl: Any) -> None:
+    reference = run_epochs(make_dl, tiny(30), rs(2), epochs=1)[0]
+    dl = make_dl(tiny(30), rs(2))
+    it = iter(dl)
+    it.limit(4)
+    got = list(it)
+    assert got == reference[:4], "limit pauses after 4 items"
+    it.resume()
+    got += take(it, 4)
+    it.limit(None)
+    dl._pause()
+    dl._resume()
+    got += list(it)
+    assert got == reference
+
+
+def test_num_workers_0_runs_in_process(make_dl: Any) -> None:
+    items = run_epochs(make_dl, IterableWrapper(range(6)).map(_pid_tag), rs(0), epochs=1)[0]
+    assert items == [(i, os.getpid()) for i in range(6)]
+
+
+# --- snapshot(): the RFC -------------------------------------------------------------------------
+
+
+def test_snapshot_is_refused_before_the_service_runs_and_after_shutdown(make_dl: Any) -> None:
+    dl = make_dl(tiny(10), rs(2))
+    with pytest.raises(ReadingServiceError, match="create an iterator"):
+        dl.reading_service.snapshot()
+    next(iter(dl))
+    assert len(dl.reading_service.snapshot()) == 2
+    dl.shutdown()
+    with pytest.raises(ReadingServiceClosedError, match="shut down"):
+        dl.reading_service.snapshot()
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 4])
+@pytest.mark.parametrize("position", ["first", "one", "middle", "last", "exhausted"])
+def test_snapshot_at_every_position_of_an_epoch(make_dl: Any, num_workers: int, position: str) -> None:
+    n = 30
+    dl = make_dl(tiny(n), rs(num_workers))
+    it = iter(dl)
+    k = {"first": 0, "one": 1, "middle": n // 2, "last": n, "exhausted": n}[position]
+    take(it, k)
+    if position == "exhausted":
+        assert list(it) == []
+    snaps = dl.reading_service.snapshot()
+    assert_consistent(snaps, num_workers, delivered=k)
+    assert {s.epoch for s in snaps} == {0}
+    if position == "exhausted":
+        assert all(s.exhausted for s in snaps) and sum(s.produced for s in snaps) == n
+
+
+@pytest.mark.parametrize("worker_prefetch_cnt", [0, 1, 10])
+@pytest.mark.parametrize("main_prefetch_cnt", [0, 1, 10])
+def test_snapshots_never_perturb_the_data(make_dl: Any, worker_prefetch_cnt: int, main_prefetch_cnt: int) -> None:
+    config = dict(worker_prefetch_cnt=worker_prefetch_cnt, main_prefetch_cnt=main_prefetch_cnt)
+    reference = run_epochs(make_dl, pipeline("shuffle_after_sharding", 24), rs(2, **config))
+    dl = make_dl(pipeline("shuffle_after_sharding", 24), rs(2, **config))
+    observed = []
+    for _ in range(2):
+        epoch = []
+        for k, item in enumerate(dl):
+            assert_consistent(dl.reading_service.snapshot(), 2, delivered=k + 1)
+            epoch.append(item)
+        observed.append(epoch)
+    assert observed == reference
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_snapshot_with_other_start_methods(make_dl: Any, context: str) -> None:
+    reference = run_epochs(make_dl, tiny(20), rs(2), epochs=1)[0]
+    dl = make_dl(tiny(20), rs(2, multiprocessing_context=context))
+    it = iter(dl)
+    got = take(it, 7)
+    assert_consistent(dl.reading_service.snapshot(), 2, delivered=7)
+    assert got + list(it) == reference
+
+
+def test_snapshot_a_hundred_times_in_a_row(make_dl: Any) -> None:
+    dl = make_dl(tiny(20), rs(2))
+    it = iter(dl)
+    take(it, 3)
+    snaps = [dl.reading_service.snapshot() for _ in range(100)]
+    assert all(s == snaps[0] for s in snaps), "nothing moves between back-to-back snapshots"
+    assert_consistent(snaps[-1], 2, delivered=3)
+
+
+def test_snapshot_while_paused_by_limit(make_dl: Any) -> None:
+    reference = run_epochs(make_dl, tiny(20), rs(2), epochs=1)[0]
+    dl = make_dl(tiny(20), rs(2))
+    it = iter(dl)
+    it.limit(5)
+    got = list(it)
+    snaps = dl.reading_service.snapshot()
+    assert all(s.paused for s in snaps)
+    assert_consistent(snaps, 2, delivered=5)
+    it.limit(None)
+    it.resume()
+    assert got + list(it) == reference
+
+
+def test_snapshot_reports_datapipe_yields_and_states(make_dl: Any) -> None:
+    dl = make_dl(CountingWithState(IterableWrapper(range(8))).sharding_filter().map(double), rs(2))
+    it = iter(dl)
+    take(it, 3)
+    snaps = dl.reading_service.snapshot()
+    for s in snaps:
+        assert s.datapipe_yields["0:MapperIterDataPipe"] == s.produced
+        assert s.datapipe_states == {"2:CountingWithState": {"seen": s.datapipe_yields["2:CountingWithState"]}}
+
+
+def test_snapshot_with_num_workers_0(make_dl: Any) -> None:
+    dl = make_dl(tiny(10), rs(0))
+    it = iter(dl)
+    take(it, 4)
+    (snap,) = dl.reading_service.snapshot()
+    assert (snap.role, snap.worker_id, snap.pid, snap.epoch) == ("in_process", 0, os.getpid(), 0)
+    assert snap.produced == snap.delivered == 4
+    assert snap.datapipe_yields["1:MapperIterDataPipe"] == 4
+
+
+def test_the_snapshot_is_picklable(make_dl: Any) -> None:
+    import pickle
+
+    dl = make_dl(tiny(10), rs(2))
+    next(iter(dl))
+    snaps = dl.reading_service.snapshot()
+    assert pickle.loads(pickle.dumps(snaps)) == snaps
+
+
+def test_loader_in_a_with_block_shuts_down_its_workers() -> None:
+    with DataLoader2(tiny(10), reading_service=rs(2)) as dl:
+        next(iter(dl))
+        processes = list(dl.reading_service._worker_processes)
+        assert all(p.is_alive() for p in processes)
+    assert all(p.exitcode is not None for p in processes)

@@ -1,0 +1,344 @@
+"""``MultiProcessingReadingService``: a drop-in, observable replacement for upstream's.
+
+The reading service only orchestrates: it splits the graph (replicable branch to the workers,
+non-replicable tail in the main process), starts the processes, and drives them through
+:class:`~torchdata_snapshot.consumer.WorkerConsumer`. The protocol is described in
+NOTE [ Snapshot protocol ] (:mod:`torchdata_snapshot.worker`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, List, Optional
+
+import torch.multiprocessing as mp
+from torchdata.dataloader2 import reading_service as upstream
+from torchdata.dataloader2.graph import DataPipe, replace_dp, set_graph_random_seed, traverse_dps
+from torchdata.dataloader2.graph._serialization import attach_wrapper
+from torchdata.dataloader2.graph.utils import _find_replicable_branches
+from torchdata.dataloader2.random import SeedGenerator
+from torchdata.dataloader2.utils import WorkerInfo
+from torchdata.dataloader2.utils.worker import process_init_fn
+
+from torchdata_snapshot.channel import Channel, make_pipe_pair
+from torchdata_snapshot.consumer import CONTROL_TIMEOUT_S, WorkerConsumer, credit_window
+from torchdata_snapshot.errors import ReadingServiceClosedError, ReadingServiceError
+from torchdata_snapshot.outlet import Outlet
+from torchdata_snapshot.snapshot import WorkerSnapshot, capture_datapipe_states, graph_datapipes
+from torchdata_snapshot.worker import BatchingOptions, WorkerOptions, run_worker
+
+__all__ = ["JOIN_TIMEOUT_S", "MultiProcessingReadingService"]
+
+#: How long ``finalize()`` waits for each process to exit before killing it.
+JOIN_TIMEOUT_S = 10.0
+
+
+def advance_epoch_seed(seed_generator: SeedGenerator, epoch: int) -> None:
+    """Make every epoch's seeds differ, deterministically.
+
+    Upstream's MPRS seeds workers with ``seed_generator.spawn(worker_id)``, which does not
+    advance the generator: unless a random DataPipe runs in the main process, every epoch gets
+    the same seeds, so a seeded DataLoader2 repeats the same shuffle each epoch. Here the shared
+    stream is advanced by one draw and the per-process stream is spawned for the epoch, which
+    keeps the rank-specific part that ``DistributedReadingService`` put there.
+    """
+    seed_generator.generate_shared_seed()
+    seed_generator.spawn(epoch, inplace=True)
+
+
+def _check_count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
+class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
+    r"""Runs the replicable part of a ``DataPipe`` graph in worker processes, observably.
+
+    Same constructor and behaviour as ``torchdata.dataloader2.MultiProcessingReadingService``,
+    plus :meth:`snapshot` (the RFC: one :class:`~torchdata_snapshot.WorkerSnapshot` per worker).
+    Items move between processes in batches under credit-based flow control, without polling.
+
+    Args:
+        num_workers: number of worker processes; ``0`` runs the graph in the main process.
+        multiprocessing_context: ``"fork"``, ``"spawn"`` or ``"forkserver"`` (default: the
+            platform's default).
+        worker_prefetch_cnt: items each worker may produce ahead of the main process's requests.
+        main_prefetch_cnt: items the main process asks for ahead of the user, spread over workers.
+        worker_init_fn: called in each worker with ``(datapipe, WorkerInfo)`` when it starts.
+        worker_reset_fn: called in each worker with ``(datapipe, WorkerInfo, SeedGenerator)`` at
+            the start of every epoch.
+
+    Keyword-only args:
+        batching: how workers group items into messages (:class:`BatchingOptions`).
+        control_timeout_s: bound on waiting for the answer to a control request (pause, state,
+            epoch reset); a worker answers between two items.
+        timeout_s: bound on waiting for one item (``None``: as long as the worker lives, like
+            ``torch.utils.data.DataLoader``'s ``timeout=0``). A dead worker is detected either way.
+    """
+
+    def __init__(
+        self,
+        num_workers: int = 0,
+        multiprocessing_context: Optional[str] = None,
+        worker_prefetch_cnt: int = 10,
+        main_prefetch_cnt: int = 10,
+        worker_init_fn: Optional[Callable[[DataPipe, WorkerInfo], DataPipe]] = None,
+        worker_reset_fn: Optional[Callable[[DataPipe, WorkerInfo, SeedGenerator], DataPipe]] = None,
+        *,
+        batching: BatchingOptions = BatchingOptions(),
+        control_timeout_s: float = CONTROL_TIMEOUT_S,
+        timeout_s: Optional[float] = None,
+    ) -> None:
+        # Upstream's __init__ is not called: it asserts instead of raising and warns that
+        # num_workers=0 should use InProcessReadingService, which is not true here.
+        self.num_workers = _check_count("num_workers", num_workers)
+        if multiprocessing_context is not None and multiprocessing_context not in mp.get_all_start_methods():
+            raise ValueError(
+                f"multiprocessing_context must be one of {mp.get_all_start_methods()}, "
+                f"got {multiprocessing_context!r}"
+            )
+        self.multiprocessing_context = multiprocessing_context
+        self.worker_prefetch_cnt = _check_count("worker_prefetch_cnt", worker_prefetch_cnt)
+        self.main_prefetch_cnt = _check_count("main_prefetch_cnt", main_prefetch_cnt)
+        self.worker_init_fn = worker_init_fn
+        self.worker_reset_fn = worker_reset_fn
+        if not isinstance(batching, BatchingOptions):
+            raise TypeError(f"batching must be a BatchingOptions, got {type(batching).__name__}")
+        self.batching = batching
+        if control_timeout_s <= 0:
+            raise ValueError(f"control_timeout_s must be > 0, got {control_timeout_s}")
+        self.control_timeout_s = control_timeout_s
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s}")
+        self.timeout_s = timeout_s
+        self._mp = num_workers > 0
+        self._reset_runtime()
+
+    def _reset_runtime(self) -> None:
+        """Everything that only exists between ``initialize`` and ``finalize``."""
+        self._worker_processes: List[Any] = []
+        self._dispatch_process = None
+        self._worker_datapipes: List[DataPipe] = []
+        self._worker_consumer_datapipe: Optional[WorkerConsumer] = None
+        self._main_prefetch_datapipe = None
+        self._end_datapipe: Optional[Outlet] = None
+        self._main_datapipes: List[DataPipe] = []
+        self._epoch = -1
+        self._paused = False
+        self._initialized = False
+        self._finalized = False
+
+    # Upstream requires a reading service to be picklable before `initialize` (DataLoader2
+    # clones it); the processes and pipes that exist afterwards are never pickled.
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for key in list(state):
+            if key.startswith("_"):
+                del state[key]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._mp = self.num_workers > 0
+        self._reset_runtime()
+
+    # --- ReadingServiceInterface --------------------------------------------------------------
+
+    def initialize(self, datapipe: DataPipe) -> DataPipe:
+        if self._finalized:
+            raise ReadingServiceClosedError("the reading service was shut down; create a new one")
+        if self._initialized:
+            raise ReadingServiceError("initialize() was already called on this reading service")
+        if self._mp:
+            end = self._start_workers(datapipe)
+        else:
+            end = process_init_fn(datapipe, WorkerInfo(1, 0), self.worker_init_fn)
+        self._end_datapipe = Outlet(end)
+        self._main_datapipes = [dp for _, dp in graph_datapipes(self._end_datapipe)]
+        self._initialized = True
+        return self._end_datapipe
+
+    def _start_workers(self, datapipe: DataPipe) -> DataPipe:
+        ctx = mp.get_context(self.multiprocessing_context)
+        graph = traverse_dps(datapipe)
+        replicable_dps = _find_replicable_branches(graph)
+        if len(replicable_dps) != 1:
+            raise ValueError(
+                "MultiProcessingReadingService needs exactly one replicable branch in the graph, "
+                f"found {len(replicable_dps)}: {[type(dp).__name__ for dp in replicable_dps]}"
+            )
+        replicable_dp = replicable_dps[0]
+        options = WorkerOptions(self.worker_init_fn, self.worker_reset_fn, self.batching)
+        channels: List[Channel] = []
+        try:
+            for worker_id in range(self.num_workers):
+                channel, endpoint, child_ends = make_pipe_pair(ctx)
+                process = ctx.Process(
+                    target=run_worker,
+                    args=(attach_wrapper(replicable_dp), endpoint, WorkerInfo(self.num_workers, worker_id),
+                          os.getpid(), options),
+                    name=f"torchdata_snapshot worker {worker_id}",
+                    daemon=True,
+                )
+                process.start()
+                for end in child_ends:
+                    end.close()  # so that the worker's death reads as end-of-file here
+                self._worker_processes.append(process)
+                channels.append(channel.bind(f"worker {worker_id}", process))
+        except BaseException:
+            for channel in channels:
+                channel.close()
+            self._kill_processes()
+            raise
+        window = credit_window(self.num_workers, self.worker_prefetch_cnt, self.main_prefetch_cnt)
+        consumer = WorkerConsumer(channels, window, self.control_timeout_s, self.timeout_s)
+        self._worker_consumer_datapipe = consumer
+        if replicable_dp is datapipe:
+            return consumer
+        replace_dp(graph, replicable_dp, consumer)
+        return datapipe
+
+    def initialize_iteration(
+        self, seed_generator: SeedGenerator, iter_reset_fn: Optional[Callable[[DataPipe], DataPipe]] = None
+    ) -> Optional[Callable[[DataPipe], DataPipe]]:
+        self._check_open()
+        assert self._end_datapipe is not None, "initialize() must be called first"
+        self._epoch += 1
+        advance_epoch_seed(seed_generator, self._epoch)
+        if self._worker_consumer_datapipe is not None:
+            # The main process's DataPipes (the non-replicable tail) are seeded from the
+            # generator itself, each worker from its spawn, as upstream.
+            set_graph_random_seed(self._end_datapipe, seed_generator)
+            seeds = [seed_generator.spawn(worker_id) for worker_id in range(self.num_workers)]
+            self._worker_consumer_datapipe.reset_epoch(self._epoch, seeds, iter_reset_fn)
+        else:
+            # In-process, the graph is seeded like the only worker: the main generator then
+            # evolves the same way whatever num_workers is, and so does the data of a pipeline
+            # that shuffles before sharding.
+            set_graph_random_seed(self._end_datapipe, seed_generator.spawn(0))
+        self._end_datapipe.start_epoch(self._epoch)
+        return None
+
+    def finalize_iteration(self) -> None:
+        pass
+
+    def finalize(self) -> None:
+        """Stop every process (bounded waits, then kill) and release the pipes. Idempotent."""
+        if getattr(self, "_finalized", True):
+            return
+        self._finalized = True
+        consumer = self._worker_consumer_datapipe
+        if consumer is not None:
+            consumer.request_terminate(timeout_s=JOIN_TIMEOUT_S)
+        self._kill_processes()
+        if consumer is not None:
+            for channel in consumer.channels:
+                channel.close()
+
+    def _kill_processes(self) -> None:
+        for process in self._worker_processes:
+            process.join(JOIN_TIMEOUT_S)
+            if process.exitcode is None:
+                process.kill()
+                process.join(JOIN_TIMEOUT_S)
+
+    # --- pause / resume / limit (upstream semantics) ------------------------------------------
+
+    def _pausable_main_datapipes(self) -> List[DataPipe]:
+        return [dp for dp in self._main_datapipes if callable(getattr(dp, "pause", None))]
+
+    def _pause(
+        self, pause_fn: Optional[Callable[[DataPipe], DataPipe]] = None
+    ) -> Optional[Callable[[DataPipe], DataPipe]]:
+        """Pause main-process DataPipes (prefetchers, ``fullsync``), then the workers."""
+        self._check_open()
+        for dp in self._pausable_main_datapipes():
+            dp.pause()
+        if self._worker_consumer_datapipe is not None:
+            self._worker_consumer_datapipe.request_pause(pause_fn)
+        self._paused = True
+        return None
+
+    def _resume(
+        self, resume_fn: Optional[Callable[[DataPipe], DataPipe]] = None
+    ) -> Optional[Callable[[DataPipe], DataPipe]]:
+        self._check_open()
+        if self._worker_consumer_datapipe is not None:
+            self._worker_consumer_datapipe.request_resume(resume_fn)
+        for dp in reversed(self._pausable_main_datapipes()):
+            dp.resume()
+        self._paused = False
+        return None
+
+    def _limit(
+        self, num_batches: Optional[int], limit_fn: Optional[Callable[[DataPipe, Optional[int]], DataPipe]] = None
+    ) -> Optional[Callable[[DataPipe, Optional[int]], DataPipe]]:
+        if limit_fn is not None:
+            self._check_open()
+            if self._worker_consumer_datapipe is not None:
+                self._worker_consumer_datapipe.request_limit(None, limit_fn)
+            limit_fn(self._end_datapipe, num_batches)
+        return None
+
+    # --- the RFC: snapshot --------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._finalized:
+            raise ReadingServiceClosedError(
+                "the reading service was shut down (DataLoader2.shutdown() or finalize()); "
+                "its workers are gone, so there is no state to report"
+            )
+
+    def snapshot(self) -> List[WorkerSnapshot]:
+        """One :class:`WorkerSnapshot` per worker, taken at one consistent point.
+
+        Main-process DataPipes with their own threads are paused, every worker answers a
+        ``GetStateRequest`` between two items, and the items the workers sent before answering
+        are read into the main process's buffer, so that the counts add up (see
+        :class:`WorkerSnapshot`). Nothing about the order of the data changes.
+        With ``num_workers=0`` the single snapshot describes the in-process graph.
+        """
+        self._check_open()
+        if not self._initialized:
+            raise ReadingServiceError(
+                "snapshot() needs a running reading service: create an iterator of the DataLoader2 first"
+            )
+        pausable = [] if self._paused else self._pausable_main_datapipes()
+        for dp in pausable:
+            dp.pause()
+        try:
+            if self._worker_consumer_datapipe is not None:
+                return self._worker_consumer_datapipe.request_snapshot()
+            return [self._in_process_snapshot()]
+        finally:
+            for dp in reversed(pausable):
+                dp.resume()
+
+    def _in_process_snapshot(self) -> WorkerSnapshot:
+        assert self._end_datapipe is not None
+        graph = graph_datapipes(self._end_datapipe)
+        delivered = self._end_datapipe.delivered
+        return WorkerSnapshot(
+            worker_id=0,
+            role="in_process",
+            pid=os.getpid(),
+            epoch=self._epoch,
+            produced=delivered,
+            sent=delivered,
+            buffered=0,
+            received=delivered,
+            delivered=delivered,
+            exhausted=self._end_datapipe.finished,
+            paused=self._paused,
+            datapipe_yields={key: int(getattr(dp, "_number_of_samples_yielded", 0)) for key, dp in graph},
+            datapipe_states=capture_datapipe_states(graph),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(num_workers={self.num_workers}, "
+            f"multiprocessing_context={self.multiprocessing_context!r}, "
+            f"worker_prefetch_cnt={self.worker_prefetch_cnt}, main_prefetch_cnt={self.main_prefetch_cnt})"
+        )
+
