@@ -118,8 +118,13 @@ def test_production_follows_credit(running) -> None:  # type: ignore[no-untyped-
     it = r.start_epoch()
     for _ in range(6):
         next(it)
-    r.consumer.request_snapshot()  # a barrier: both workers answered, so they are idle
-    assert [dp.pulled for dp in dps] == [3 + 2, 3 + 2]
+    # 3 items delivered per worker, window 2: each worker may produce exactly 5. It answers
+    # a snapshot between batches, so ask until it caught up with its credit (bounded).
+    for _ in range(200):
+        if [s.produced for s in r.consumer.request_snapshot()] == [5, 5]:
+            break
+    assert [dp.pulled for dp in dps] == [5, 5]
+    assert [s.produced for s in r.consumer.request_snapshot()] == [5, 5], "and not one more"
 
 
 def test_a_new_epoch_drops_everything_in_flight(running) -> None:  # type: ignore[no-untyped-def]
