@@ -145,11 +145,17 @@ class Channel:
         self.name = "peer"
         self.process: Optional[BaseProcess] = None
         self.watch: Optional[Callable[[], None]] = None
+        self._pid: Optional[int] = None
 
     def bind(
-        self, name: str, process: Optional[BaseProcess] = None, watch: Optional[Callable[[], None]] = None
+        self,
+        name: str,
+        process: Optional[BaseProcess] = None,
+        watch: Optional[Callable[[], None]] = None,
+        pid: Optional[int] = None,
     ) -> "Channel":
-        self.name, self.process, self.watch = name, process, watch
+        """Name the serving side for errors; ``process`` (if owned) or ``pid`` identify it."""
+        self.name, self.process, self.watch, self._pid = name, process, watch, pid
         return self
 
     def fileno(self) -> int:
@@ -194,7 +200,7 @@ class Channel:
 
     @property
     def pid(self) -> Optional[int]:
-        return None if self.process is None else self.process.pid
+        return self._pid if self.process is None else self.process.pid
 
     def check_alive(self) -> None:
         """Raise :class:`WorkerDiedError` if the serving process (or what ``watch`` covers) died."""

@@ -205,12 +205,17 @@ class WorkerConsumer(IterDataPipe):
         if self.closed:
             raise ReadingServiceClosedError("the reading service was shut down; its workers are gone")
 
-    def reset_epoch(self, epoch: int, seed_generators: Sequence[Any], iter_reset_fn: Optional[Callable]) -> None:
-        """Start ``epoch`` in every worker; everything still in flight from before is dropped."""
+    def reset_epoch(
+        self, epoch: int, seed_generators: Sequence[Any], iter_reset_fn: Optional[Callable], start: bool = True
+    ) -> None:
+        """Reset every worker to ``epoch``; everything still in flight from before is dropped.
+
+        The workers produce nothing until :meth:`start_epoch` grants them credit (called here
+        unless ``start=False``, which lets the dispatching process be reset in between).
+        """
         with self.lock:
             self._check_open()
-            previous, self.epoch = self.epoch, epoch  # responses of `previous` are now stale
-            del previous
+            self.epoch = epoch  # from here on, responses of older epochs are stale
             self.request_all(
                 lambda i: ResetEpochRequest(epoch, seed_generators[i], iter_reset_fn), ResetEpochResponse
             )
@@ -219,6 +224,12 @@ class WorkerConsumer(IterDataPipe):
                 self.received[worker_id] = self.delivered[worker_id] = self.granted[worker_id] = 0
                 self.exhausted[worker_id] = False
             self.next_worker = 0
+            if start:
+                self.start_epoch()
+
+    def start_epoch(self) -> None:
+        """Grant every worker its first credit window: production of the epoch starts."""
+        with self.lock:
             for worker_id in range(self.num_workers):
                 self._top_up(worker_id)
 
@@ -228,13 +239,31 @@ class WorkerConsumer(IterDataPipe):
     def request_resume(self, resume_fn: Optional[Callable[[DataPipe], DataPipe]] = None) -> None:
         self.request_all(lambda i: ResumeRequest(resume_fn), ResumeResponse)
 
-    def request_limit(self, num_batches: Optional[int], limit_fn: Optional[Callable] = None) -> None:
-        self.request_all(lambda i: LimitRequest(num_batches, limit_fn), LimitResponse)
+    def request_limit(
+        self,
+        num_batches: Optional[int],
+        limit_fn: Optional[Callable] = None,
+        worker_num_batches: Optional[Sequence[int]] = None,
+    ) -> None:
+        def limit(i: int) -> LimitRequest:
+            return LimitRequest(num_batches, limit_fn, None if worker_num_batches is None else worker_num_batches[i])
 
-    def request_snapshot(self, include_datapipe_states: bool = True) -> List[WorkerSnapshot]:
-        """One :class:`WorkerSnapshot` per worker, with the main-process counts filled in."""
+        self.request_all(limit, LimitResponse)
+
+    def request_snapshot(
+        self, include_datapipe_states: bool = True, dispatcher_sent: Optional[Sequence[int]] = None
+    ) -> List[WorkerSnapshot]:
+        """One :class:`WorkerSnapshot` per worker, with the main-process counts filled in.
+
+        ``dispatcher_sent`` (from a paused dispatching process) makes each worker read the
+        dispatched items still in flight before answering: a consistent cut across processes.
+        """
+
+        def get_state(i: int) -> GetStateRequest:
+            return GetStateRequest(None if dispatcher_sent is None else dispatcher_sent[i], include_datapipe_states)
+
         with self.lock:
-            responses = self.request_all(lambda i: GetStateRequest(None, include_datapipe_states), GetStateResponse)
+            responses = self.request_all(get_state, GetStateResponse)
             return [self._complete(worker_id, r.snapshot) for worker_id, r in enumerate(responses)]
 
     def _complete(self, worker_id: int, snap: WorkerSnapshot) -> WorkerSnapshot:

@@ -18,14 +18,32 @@ from torchdata.dataloader2.graph._serialization import attach_wrapper
 from torchdata.dataloader2.graph.utils import _find_replicable_branches
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.dataloader2.utils import WorkerInfo
+from torchdata.dataloader2.utils.dispatch import _DummyIterDataPipe, find_lca_round_robin_sharding_dp
 from torchdata.dataloader2.utils.worker import process_init_fn
 
-from torchdata_snapshot.channel import Channel, make_pipe_pair
+from torchdata_snapshot.channel import Channel, describe_exit, make_pipe_pair
 from torchdata_snapshot.consumer import CONTROL_TIMEOUT_S, WorkerConsumer, credit_window
-from torchdata_snapshot.errors import ReadingServiceClosedError, ReadingServiceError
+from torchdata_snapshot.dispatch import run_dispatcher
+from torchdata_snapshot.errors import ProtocolError, ReadingServiceClosedError, ReadingServiceError, WorkerDiedError
+from torchdata_snapshot.messages import (
+    ErrorResponse,
+    GetStateRequest,
+    GetStateResponse,
+    LimitRequest,
+    LimitResponse,
+    PauseRequest,
+    PauseResponse,
+    ResetEpochRequest,
+    ResetEpochResponse,
+    ResumeRequest,
+    ResumeResponse,
+    TerminateRequest,
+    TerminateResponse,
+)
+from torchdata_snapshot.options import BatchingOptions
 from torchdata_snapshot.outlet import Outlet
 from torchdata_snapshot.snapshot import WorkerSnapshot, capture_datapipe_states, graph_datapipes
-from torchdata_snapshot.worker import BatchingOptions, WorkerOptions, run_worker
+from torchdata_snapshot.worker import WorkerOptions, run_worker
 
 __all__ = ["JOIN_TIMEOUT_S", "MultiProcessingReadingService"]
 
@@ -121,6 +139,7 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
         self._dispatch_process = None
         self._worker_datapipes: List[DataPipe] = []
         self._worker_consumer_datapipe: Optional[WorkerConsumer] = None
+        self._dispatcher_channel: Optional[Channel] = None
         self._main_prefetch_datapipe = None
         self._end_datapipe: Optional[Outlet] = None
         self._main_datapipes: List[DataPipe] = []
@@ -162,6 +181,14 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
     def _start_workers(self, datapipe: DataPipe) -> DataPipe:
         ctx = mp.get_context(self.multiprocessing_context)
         graph = traverse_dps(datapipe)
+        dispatcher_links: List[Optional[Channel]] = [None] * self.num_workers
+        dispatching_dp = find_lca_round_robin_sharding_dp(graph)
+        if dispatching_dp is not None:
+            # The non-replicable part runs once, in the dispatching process; a placeholder
+            # stands in the workers' graph where it was (replaced by DispatchedSource there).
+            graph = replace_dp(graph, dispatching_dp, _DummyIterDataPipe())  # type: ignore[arg-type]
+            datapipe = list(graph.values())[0][0]
+            dispatcher_links = list(self._start_dispatcher(ctx, dispatching_dp))
         replicable_dps = _find_replicable_branches(graph)
         if len(replicable_dps) != 1:
             raise ValueError(
@@ -170,22 +197,26 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
             )
         replicable_dp = replicable_dps[0]
         options = WorkerOptions(self.worker_init_fn, self.worker_reset_fn, self.batching)
+        dispatcher_pid = None if self._dispatch_process is None else self._dispatch_process.pid
         channels: List[Channel] = []
         try:
             for worker_id in range(self.num_workers):
                 channel, endpoint, child_ends = make_pipe_pair(ctx)
+                link = dispatcher_links[worker_id]
                 process = ctx.Process(
                     target=run_worker,
                     args=(attach_wrapper(replicable_dp), endpoint, WorkerInfo(self.num_workers, worker_id),
-                          os.getpid(), options),
+                          os.getpid(), options, link, dispatcher_pid),
                     name=f"torchdata_snapshot worker {worker_id}",
                     daemon=True,
                 )
                 process.start()
                 for end in child_ends:
                     end.close()  # so that the worker's death reads as end-of-file here
+                if link is not None:
+                    link.close()  # the worker's end of its link to the dispatcher
                 self._worker_processes.append(process)
-                channels.append(channel.bind(f"worker {worker_id}", process))
+                channels.append(channel.bind(f"worker {worker_id}", process, watch=self._check_dispatcher))
         except BaseException:
             for channel in channels:
                 channel.close()
@@ -199,6 +230,47 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
         replace_dp(graph, replicable_dp, consumer)
         return datapipe
 
+    def _start_dispatcher(self, ctx: Any, dispatching_dp: DataPipe) -> List[Channel]:
+        """Start the dispatching process; return, per worker, the worker's end of its link to it."""
+        control, control_endpoint, control_child_ends = make_pipe_pair(ctx)
+        links = [make_pipe_pair(ctx) for _ in range(self.num_workers)]
+        process = ctx.Process(
+            target=run_dispatcher,
+            args=(attach_wrapper(dispatching_dp), control_endpoint, [endpoint for _, endpoint, _ in links],
+                  os.getpid(), self.batching, self.worker_reset_fn),
+            name="torchdata_snapshot dispatcher",
+            daemon=True,
+        )
+        process.start()
+        for end in control_child_ends:
+            end.close()
+        for _, _, child_ends in links:
+            for end in child_ends:
+                end.close()
+        self._dispatch_process = process
+        self._dispatcher_channel = control.bind("dispatching process", process)
+        return [channel for channel, _, _ in links]
+
+    def _check_dispatcher(self) -> None:
+        """Liveness check run by every wait on a worker: the worker may be waiting for the dispatcher."""
+        process = self._dispatch_process
+        if process is not None and process.exitcode is not None:
+            raise WorkerDiedError(
+                f"dispatching process (pid {process.pid}) exited unexpectedly with {describe_exit(process.exitcode)}"
+            )
+
+    def _ask_dispatcher(self, request: Any, expected: type) -> Any:
+        """Send one control request to the dispatching process and return its answer."""
+        channel = self._dispatcher_channel
+        assert channel is not None
+        channel.send(request)
+        response = channel.recv(self.control_timeout_s, what=expected.__name__)
+        if isinstance(response, ErrorResponse):
+            response.exc.reraise()
+        if not isinstance(response, expected):
+            raise ProtocolError(f"the dispatching process answered {type(response).__name__}, not {expected.__name__}")
+        return response
+
     def initialize_iteration(
         self, seed_generator: SeedGenerator, iter_reset_fn: Optional[Callable[[DataPipe], DataPipe]] = None
     ) -> Optional[Callable[[DataPipe], DataPipe]]:
@@ -211,7 +283,11 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
             # generator itself, each worker from its spawn, as upstream.
             set_graph_random_seed(self._end_datapipe, seed_generator)
             seeds = [seed_generator.spawn(worker_id) for worker_id in range(self.num_workers)]
-            self._worker_consumer_datapipe.reset_epoch(self._epoch, seeds, iter_reset_fn)
+            # Workers first: one of them may be waiting for a dispatched item of the old epoch.
+            self._worker_consumer_datapipe.reset_epoch(self._epoch, seeds, iter_reset_fn, start=False)
+            if self._dispatcher_channel is not None:
+                self._ask_dispatcher(ResetEpochRequest(self._epoch, seed_generator, iter_reset_fn), ResetEpochResponse)
+            self._worker_consumer_datapipe.start_epoch()
         else:
             # In-process, the graph is seeded like the only worker: the main generator then
             # evolves the same way whatever num_workers is, and so does the data of a pipeline
@@ -231,13 +307,23 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
         consumer = self._worker_consumer_datapipe
         if consumer is not None:
             consumer.request_terminate(timeout_s=JOIN_TIMEOUT_S)
+        if self._dispatcher_channel is not None:
+            try:
+                self._ask_dispatcher(TerminateRequest(), TerminateResponse)
+            except Exception:
+                pass  # a dead or stuck dispatcher is killed below
         self._kill_processes()
         if consumer is not None:
             for channel in consumer.channels:
                 channel.close()
+        if self._dispatcher_channel is not None:
+            self._dispatcher_channel.close()
 
     def _kill_processes(self) -> None:
-        for process in self._worker_processes:
+        processes = list(self._worker_processes)
+        if self._dispatch_process is not None:
+            processes.append(self._dispatch_process)
+        for process in processes:
             process.join(JOIN_TIMEOUT_S)
             if process.exitcode is None:
                 process.kill()
@@ -256,7 +342,10 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
         for dp in self._pausable_main_datapipes():
             dp.pause()
         if self._worker_consumer_datapipe is not None:
+            # Workers first: they finish their current item, which may need the dispatcher.
             self._worker_consumer_datapipe.request_pause(pause_fn)
+        if self._dispatcher_channel is not None:
+            self._ask_dispatcher(PauseRequest(pause_fn), PauseResponse)
         self._paused = True
         return None
 
@@ -264,6 +353,8 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
         self, resume_fn: Optional[Callable[[DataPipe], DataPipe]] = None
     ) -> Optional[Callable[[DataPipe], DataPipe]]:
         self._check_open()
+        if self._dispatcher_channel is not None:
+            self._ask_dispatcher(ResumeRequest(resume_fn), ResumeResponse)
         if self._worker_consumer_datapipe is not None:
             self._worker_consumer_datapipe.request_resume(resume_fn)
         for dp in reversed(self._pausable_main_datapipes()):
@@ -276,8 +367,18 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
     ) -> Optional[Callable[[DataPipe, Optional[int]], DataPipe]]:
         if limit_fn is not None:
             self._check_open()
-            if self._worker_consumer_datapipe is not None:
-                self._worker_consumer_datapipe.request_limit(None, limit_fn)
+            consumer = self._worker_consumer_datapipe
+            if self._dispatcher_channel is not None and consumer is not None:
+                # As upstream: the limit only travels when a dispatching process exists, and
+                # is split between the workers.
+                per_worker = None
+                if num_batches is not None:
+                    share, rest = divmod(num_batches, self.num_workers)
+                    per_worker = [share + (1 if i < rest else 0) for i in range(self.num_workers)]
+                consumer.request_limit(num_batches, limit_fn, per_worker)
+                self._ask_dispatcher(LimitRequest(num_batches, limit_fn), LimitResponse)
+            elif consumer is not None:
+                consumer.request_limit(None, limit_fn)
             limit_fn(self._end_datapipe, num_batches)
         return None
 
@@ -308,12 +409,32 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
         for dp in pausable:
             dp.pause()
         try:
-            if self._worker_consumer_datapipe is not None:
+            if self._worker_consumer_datapipe is None:
+                return [self._in_process_snapshot()]
+            if self._dispatcher_channel is None:
                 return self._worker_consumer_datapipe.request_snapshot()
-            return [self._in_process_snapshot()]
+            return self._snapshot_with_dispatcher()
         finally:
             for dp in reversed(pausable):
                 dp.resume()
+
+    def _snapshot_with_dispatcher(self) -> List[WorkerSnapshot]:
+        """Pause workers, then the dispatcher; take the dispatcher's state, then the workers'
+        after they read what it had already sent; resume in reverse order."""
+        consumer = self._worker_consumer_datapipe
+        assert consumer is not None
+        pause_here = not self._paused
+        if pause_here:
+            consumer.request_pause(None)
+            self._ask_dispatcher(PauseRequest(), PauseResponse)
+        try:
+            dispatcher = self._ask_dispatcher(GetStateRequest(), GetStateResponse).snapshot
+            workers = consumer.request_snapshot(dispatcher_sent=dispatcher.sent_per_worker)
+        finally:
+            if pause_here:
+                self._ask_dispatcher(ResumeRequest(), ResumeResponse)
+                consumer.request_resume(None)
+        return [*workers, dispatcher]
 
     def _in_process_snapshot(self) -> WorkerSnapshot:
         assert self._end_datapipe is not None

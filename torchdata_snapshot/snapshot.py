@@ -44,6 +44,8 @@ class WorkerSnapshot:
         datapipe_yields: per-DataPipe count of yielded items, keyed by :func:`datapipe_key`.
         datapipe_states: ``state_dict()`` of each DataPipe that has one, same keys.
         sent_per_worker: dispatcher only: items dispatched to each worker.
+        received_from_dispatcher: worker only, with a dispatching process: items received from
+            it this epoch; equal to the dispatcher's ``sent_per_worker[worker_id]`` in a snapshot.
     """
 
     worker_id: int
@@ -61,6 +63,7 @@ class WorkerSnapshot:
     datapipe_yields: Dict[str, int] = field(default_factory=dict)
     datapipe_states: Dict[str, Any] = field(default_factory=dict)
     sent_per_worker: Tuple[int, ...] = ()
+    received_from_dispatcher: int = 0
 
 
 def datapipe_key(index: int, datapipe: DataPipe) -> str:

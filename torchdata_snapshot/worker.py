@@ -77,12 +77,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 import torch
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torchdata._utils import ExceptionWrapper
-from torchdata.dataloader2.graph import DataPipe
+from torchdata.dataloader2.graph import DataPipe, find_dps, replace_dp, traverse_dps
 from torchdata.dataloader2.graph._serialization import extract_wrapper
 from torchdata.dataloader2.utils import WorkerInfo
+from torchdata.dataloader2.utils.dispatch import _DummyIterDataPipe, find_non_dispatching_branches
 from torchdata.dataloader2.utils.worker import process_reset_fn
 
-from torchdata_snapshot.channel import LIVENESS_CHECK_INTERVAL_S, Endpoint, ItemEncoder, ParentGone
+from torchdata_snapshot.channel import LIVENESS_CHECK_INTERVAL_S, Channel, Endpoint, ItemEncoder, ParentGone
+from torchdata_snapshot.dispatch import DispatchedSource, find_dispatched_sources
 from torchdata_snapshot.errors import ProtocolError
 from torchdata_snapshot.messages import (
     ErrorResponse,
@@ -104,32 +106,10 @@ from torchdata_snapshot.messages import (
     TerminateResponse,
     WorkerExceptionResponse,
 )
+from torchdata_snapshot.options import BatchingOptions
 from torchdata_snapshot.snapshot import WorkerSnapshot, capture_datapipe_states, graph_datapipes
 
-__all__ = ["BatchingOptions", "WorkerLoop", "WorkerOptions", "prepare_worker_graph", "run_worker"]
-
-
-@dataclass(frozen=True)
-class BatchingOptions:
-    """How a worker groups items into one message.
-
-    A batch is sent as soon as it holds ``max_items`` items or ``max_bytes`` pickled bytes, when
-    credit runs out, or when producing one more item would hold the first one back longer than
-    ``max_delay_s`` (estimated from the recent time per item). Slow items therefore go out one by
-    one, tiny items in batches.
-    """
-
-    max_items: int = 64
-    max_bytes: int = 1 << 20
-    max_delay_s: float = 0.001
-
-    def __post_init__(self) -> None:
-        if self.max_items < 1:
-            raise ValueError(f"max_items must be >= 1, got {self.max_items}")
-        if self.max_bytes < 1:
-            raise ValueError(f"max_bytes must be >= 1, got {self.max_bytes}")
-        if self.max_delay_s < 0:
-            raise ValueError(f"max_delay_s must be >= 0, got {self.max_delay_s}")
+__all__ = ["WorkerLoop", "WorkerOptions", "prepare_worker_graph", "run_worker"]
 
 
 @dataclass(frozen=True)
@@ -188,6 +168,7 @@ class WorkerLoop:
         self.terminated = False
         self._item_time_s = 0.0  # moving average of the time to produce one item
         self._graph: List[Tuple[str, DataPipe]] = graph_datapipes(datapipe) if init_error is None else []
+        self._sources: List[DispatchedSource] = find_dispatched_sources(datapipe) if init_error is None else []
 
     # --- main loop ------------------------------------------------------------------------------
 
@@ -309,6 +290,8 @@ class WorkerLoop:
         )
         self._graph = graph_datapipes(self.datapipe)
         self.epoch = request.epoch
+        for source in self._sources:
+            source.reset_epoch(self.epoch)
         self.credit = self.produced = self.sent = 0
         self.exhausted = False
         self.iterator = iter(self.datapipe)
@@ -349,6 +332,9 @@ class WorkerLoop:
 
     @_handles(GetStateRequest)
     def _on_get_state(self, request: GetStateRequest) -> None:
+        if request.dispatcher_sent is not None:
+            for source in self._sources:  # the paused dispatcher's items still in flight
+                source.drain_until(request.dispatcher_sent)
         self.endpoint.send(GetStateResponse(self.capture(request.include_datapipe_states)))
 
     @_handles(TerminateRequest)
@@ -382,6 +368,7 @@ class WorkerLoop:
             paused=self.paused,
             datapipe_yields=yields,
             datapipe_states=states,
+            received_from_dispatcher=sum(source.received for source in self._sources),
         )
 
 
@@ -392,11 +379,30 @@ WorkerLoop.HANDLERS = {
 }
 
 
-def prepare_worker_graph(datapipe: DataPipe, worker_info: WorkerInfo, options: WorkerOptions) -> DataPipe:
-    """Shard the replicable graph for this worker and apply ``worker_init_fn`` (upstream semantics)."""
-    torch.utils.data.graph_settings.apply_sharding(
-        datapipe, worker_info.num_workers, worker_info.worker_id, SHARDING_PRIORITIES.MULTIPROCESSING
-    )
+def prepare_worker_graph(
+    datapipe: DataPipe, worker_info: WorkerInfo, options: WorkerOptions, dispatcher_link: Optional[Channel] = None
+) -> DataPipe:
+    """Shard the replicable graph for this worker and apply ``worker_init_fn`` (upstream semantics).
+
+    With a dispatching process, the placeholder where the dispatched part was becomes a
+    :class:`DispatchedSource` reading ``dispatcher_link``, and only the branches that do not
+    come from it are sharded.
+    """
+    graph = traverse_dps(datapipe)
+    placeholders = find_dps(graph, _DummyIterDataPipe)
+    if not placeholders:
+        torch.utils.data.graph_settings.apply_sharding(
+            datapipe, worker_info.num_workers, worker_info.worker_id, SHARDING_PRIORITIES.MULTIPROCESSING
+        )
+    else:
+        if len(placeholders) != 1 or dispatcher_link is None:
+            raise ProtocolError("a worker graph with a dispatched part needs exactly one link to the dispatcher")
+        for branch in find_non_dispatching_branches(graph):
+            torch.utils.data.graph_settings.apply_sharding(
+                branch, worker_info.num_workers, worker_info.worker_id, SHARDING_PRIORITIES.MULTIPROCESSING
+            )
+        graph = replace_dp(graph, placeholders[0], DispatchedSource(dispatcher_link))
+        datapipe = list(graph.values())[0][0]
     if options.custom_init_fn is not None:
         datapipe = options.custom_init_fn(datapipe, worker_info)
     return datapipe
@@ -408,13 +414,17 @@ def run_worker(
     worker_info: WorkerInfo,
     parent_pid: int,
     options: WorkerOptions,
+    dispatcher_link: Optional[Channel] = None,
+    dispatcher_pid: Optional[int] = None,
 ) -> None:
     """Entry point of a worker process."""
     torch.set_num_threads(1)
     endpoint.parent_pid = parent_pid
+    if dispatcher_link is not None:
+        dispatcher_link.bind("dispatching process", watch=endpoint.check_parent, pid=dispatcher_pid)
     init_error = None
     try:
-        datapipe = prepare_worker_graph(extract_wrapper(datapipe), worker_info, options)
+        datapipe = prepare_worker_graph(extract_wrapper(datapipe), worker_info, options, dispatcher_link)
     except Exception:
         init_error = ExceptionWrapper(where=f"in worker process {worker_info.worker_id} while initializing it")
     loop = WorkerLoop(datapipe, endpoint, worker_info, options=options, init_error=init_error)

@@ -11,7 +11,8 @@ from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
 from torchdata_snapshot.channel import make_pipe_pair
 from torchdata_snapshot.consumer import WorkerConsumer, credit_window
 from torchdata_snapshot.errors import ReadingServiceClosedError
-from torchdata_snapshot.worker import BatchingOptions, WorkerLoop, WorkerOptions
+from torchdata_snapshot.options import BatchingOptions
+from torchdata_snapshot.worker import WorkerLoop, WorkerOptions
 
 
 class Running:

@@ -291,3 +291,48 @@ def test_loader_in_a_with_block_shuts_down_its_workers() -> None:
         processes = list(dl.reading_service._worker_processes)
         assert all(p.is_alive() for p in processes)
     assert all(p.exitcode is not None for p in processes)
+
+
+# --- sharding_round_robin_dispatch ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 4])
+def test_dispatching_process_deals_every_item_once(make_dl: Any, num_workers: int) -> None:
+    first, second = run_epochs(make_dl, pipeline("dispatch", 30), rs(num_workers))
+    assert sorted(x[0] for x in first) == list(range(30)) == sorted(x[0] for x in second)
+    assert first != second
+    assert run_epochs(make_dl, pipeline("dispatch", 30), rs(num_workers)) == [first, second]
+
+
+def assert_consistent_cut(snaps: List[WorkerSnapshot], num_workers: int, delivered: int) -> None:
+    *workers, dispatcher = snaps
+    assert_consistent(workers, num_workers, delivered)
+    assert dispatcher.role == "dispatcher" and dispatcher.worker_id == -1
+    assert dispatcher.produced == dispatcher.sent + dispatcher.buffered
+    assert dispatcher.sent_per_worker == tuple(w.received_from_dispatcher for w in workers)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_snapshot_with_a_dispatching_process_is_a_consistent_cut(make_dl: Any, context: str) -> None:
+    reference = run_epochs(make_dl, pipeline("dispatch", 24), rs(2), epochs=1)[0]
+    dl = make_dl(pipeline("dispatch", 24), rs(2, multiprocessing_context=context))
+    got = []
+    for k, item in enumerate(dl):
+        assert_consistent_cut(dl.reading_service.snapshot(), 2, delivered=k + 1)
+        got.append(item)
+    assert got == reference
+    assert_consistent_cut(dl.reading_service.snapshot(), 2, delivered=24)
+
+
+def test_pause_and_limit_with_a_dispatching_process(make_dl: Any) -> None:
+    reference = run_epochs(make_dl, pipeline("dispatch", 20), rs(2), epochs=1)[0]
+    dl = make_dl(pipeline("dispatch", 20), rs(2))
+    it = iter(dl)
+    it.limit(3)
+    got = list(it)
+    snaps = dl.reading_service.snapshot()
+    assert all(s.paused for s in snaps)
+    assert_consistent_cut(snaps, 2, delivered=3)
+    it.limit(None)
+    it.resume()
+    assert got + list(it) == reference

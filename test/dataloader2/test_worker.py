@@ -10,7 +10,8 @@ from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
 from torchdata_snapshot import messages as m
 from torchdata_snapshot.channel import ItemDecoder, make_pipe_pair
 from torchdata_snapshot.errors import ProtocolError, StateCaptureError
-from torchdata_snapshot.worker import BatchingOptions, WorkerLoop, WorkerOptions
+from torchdata_snapshot.options import BatchingOptions
+from torchdata_snapshot.worker import WorkerLoop, WorkerOptions
 
 
 def serve(

@@ -1,0 +1,417 @@
+"""The dispatching process (``sharding_round_robin_dispatch``) and its source in each worker.
+
+Upstream runs the non-replicable part of the graph in one dispatching process and splits it
+with ``round_robin_demux`` into one loop per worker, polled with ``time.sleep(0)``. Here
+:class:`DispatcherLoop` iterates that part once and hands item ``j`` to worker ``j % N``,
+so each worker's input is a deterministic function of the seed. Workers grant credit
+(``GetNextRequest``) and receive ``ItemsResponse`` batches, as between workers and the main
+process; the loop blocks in ``wait`` on all its pipes instead of polling.
+
+The main process drives the dispatcher through a control pipe: ``ResetEpochRequest`` before
+the workers are reset, ``PauseRequest`` (answered with the dispatcher's snapshot) and
+``ResumeRequest`` around a consistent snapshot, ``LimitRequest``, ``TerminateRequest``.
+
+In a worker, :class:`DispatchedSource` replaces the placeholder where the dispatched part
+was. It reads its pipe only when its graph needs an item, drops anything of an older epoch,
+and turns the dispatcher's end of stream or exception into its own.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Type
+
+import torch
+from torch.utils.data import IterDataPipe
+from torchdata._utils import ExceptionWrapper
+from torchdata.dataloader2.graph import DataPipe, find_dps, traverse_dps
+from torchdata.dataloader2.graph._serialization import extract_wrapper
+from torchdata.dataloader2.utils import WorkerInfo
+from torchdata.dataloader2.utils.worker import process_reset_fn
+
+from torchdata_snapshot.channel import (
+    LIVENESS_CHECK_INTERVAL_S,
+    Channel,
+    Endpoint,
+    ItemDecoder,
+    ItemEncoder,
+    ParentGone,
+    wait_any,
+)
+from torchdata_snapshot.errors import ProtocolError, ReadingServiceError
+from torchdata_snapshot.messages import (
+    ErrorResponse,
+    GetNextRequest,
+    GetStateRequest,
+    GetStateResponse,
+    ItemsResponse,
+    LimitRequest,
+    LimitResponse,
+    PauseRequest,
+    PauseResponse,
+    Request,
+    ResetEpochRequest,
+    ResetEpochResponse,
+    ResumeRequest,
+    ResumeResponse,
+    StopIterationResponse,
+    TerminateRequest,
+    TerminateResponse,
+    WorkerExceptionResponse,
+)
+from torchdata_snapshot.snapshot import WorkerSnapshot, capture_datapipe_states, graph_datapipes
+from torchdata_snapshot.options import BatchingOptions
+
+__all__ = ["DISPATCH_WINDOW", "MAX_PENDING_PER_WORKER", "DispatchedSource", "DispatcherLoop", "run_dispatcher"]
+
+#: Credit a worker grants the dispatcher: dispatched items it may hold unread.
+DISPATCH_WINDOW = 32
+
+#: Items the dispatcher may hold for one worker that does not ask for them. Round-robin means
+#: that feeding a hungry worker produces items for all the others; a pipeline whose workers
+#: consume very unevenly (a filter after the dispatch) would otherwise grow without bound.
+MAX_PENDING_PER_WORKER = 10_000
+
+
+class _End:
+    pass
+
+
+_END = _End()
+
+
+class DispatcherLoop:
+    """Serves the control endpoint (main process) and one endpoint per worker.
+
+    Counters for the current epoch: ``produced`` items taken from the graph, ``sent[w]`` items
+    sent to worker ``w``; always ``produced == sum(sent) + sum(len(pending))``.
+    """
+
+    HANDLERS: Dict[Type[Request], Callable[["DispatcherLoop", Any], None]]
+
+    def __init__(
+        self,
+        datapipe: DataPipe,
+        control: Endpoint,
+        workers: Sequence[Endpoint],
+        *,
+        batching: BatchingOptions = BatchingOptions(),
+        custom_reset_fn: Optional[Callable[..., DataPipe]] = None,
+        max_pending: int = MAX_PENDING_PER_WORKER,
+    ) -> None:
+        self.datapipe = datapipe
+        self.control = control
+        self.workers = list(workers)
+        self.num_workers = len(self.workers)
+        self.batching = batching
+        self.custom_reset_fn = custom_reset_fn
+        self.max_pending = max_pending
+        self.worker_info = WorkerInfo(self.num_workers, 0)
+        self.epoch = -1
+        self.iterator: Optional[Iterator[Any]] = None
+        self.produced = 0
+        self.credit = [0] * self.num_workers
+        self.sent = [0] * self.num_workers
+        self.pending: List[Deque[Any]] = [deque() for _ in self.workers]
+        self.end_sent = [True] * self.num_workers
+        self.ended: Optional[Any] = None  # _END or an ExceptionWrapper once the graph stopped
+        self.paused = False
+        self.terminated = False
+
+    # --- main loop ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            while not self.terminated:
+                self._serve_ready(timeout_s=0 if self._has_work() else LIVENESS_CHECK_INTERVAL_S)
+                if self.terminated:
+                    break
+                self._produce()
+                self._send()
+        except ParentGone:
+            pass
+        finally:
+            self.iterator = None
+
+    def _serve_ready(self, timeout_s: float) -> None:
+        ready = wait_any([self.control, *self.workers], timeout_s)
+        if not ready:
+            if timeout_s:
+                self.control.check_parent()
+            return
+        for endpoint in ready:
+            request = endpoint.recv(timeout_s=0)
+            if request is None:
+                continue
+            if endpoint is self.control:
+                self._handle(request)
+            else:
+                self._on_worker_request(self.workers.index(endpoint), request)
+
+    def _demand(self) -> bool:
+        return any(self.credit[w] > len(self.pending[w]) for w in range(self.num_workers))
+
+    def _has_work(self) -> bool:
+        if self.paused or self.iterator is None:
+            return False
+        sendable = any(
+            (self.credit[w] and self.pending[w]) or (self.ended is not None and not self.pending[w]
+                                                     and not self.end_sent[w])
+            for w in range(self.num_workers)
+        )
+        return sendable or (self.ended is None and self._demand())
+
+    def _produce(self) -> None:
+        """Produce items, round-robin, while some worker has credit it cannot use yet."""
+        if self.paused or self.iterator is None or self.ended is not None:
+            return
+        start = time.perf_counter()
+        while self._demand():
+            target = self.produced % self.num_workers
+            if len(self.pending[target]) >= self.max_pending:
+                try:
+                    raise ReadingServiceError(
+                        f"the dispatching process holds {self.max_pending} items for worker {target} "
+                        "that it does not ask for: the workers consume the dispatched items very "
+                        "unevenly (a filter after sharding_round_robin_dispatch?)"
+                    )
+                except ReadingServiceError:
+                    self.ended = ExceptionWrapper(where="in dispatching process")
+                return
+            try:
+                item = next(self.iterator)
+            except StopIteration:
+                self.ended = _END
+                return
+            except Exception:
+                self.ended = ExceptionWrapper(where="in dispatching process")
+                return
+            self.pending[target].append(item)
+            self.produced += 1
+            if time.perf_counter() - start >= self.batching.max_delay_s:
+                return
+
+    def _send(self) -> None:
+        if self.paused or self.iterator is None:
+            return
+        for w, endpoint in enumerate(self.workers):
+            pending = self.pending[w]
+            while self.credit[w] and pending:
+                encoder = ItemEncoder()
+                while self.credit[w] and pending and encoder.count < self.batching.max_items:
+                    encoder.add(pending.popleft())
+                    self.credit[w] -= 1
+                count, payload = encoder.take()
+                endpoint.send(ItemsResponse(self.epoch, count, payload))
+                self.sent[w] += count
+            if self.ended is not None and not pending and not self.end_sent[w]:
+                if self.ended is _END:
+                    endpoint.send(StopIterationResponse(self.epoch))
+                else:
+                    endpoint.send(WorkerExceptionResponse(self.ended))
+                self.end_sent[w] = True
+
+    def _on_worker_request(self, worker_id: int, request: Any) -> None:
+        if isinstance(request, GetNextRequest):
+            if request.epoch == self.epoch:
+                self.credit[worker_id] += request.count
+            return
+        try:
+            raise ProtocolError(f"the dispatching process does not serve {type(request).__name__!r} from workers")
+        except ProtocolError:
+            self.workers[worker_id].send(ErrorResponse(type(request).__name__, ExceptionWrapper(
+                where="in dispatching process")))
+
+    def _handle(self, request: Any) -> None:
+        handler = self.HANDLERS.get(type(request))
+        try:
+            if handler is None:
+                raise ProtocolError(
+                    f"the dispatching process does not handle request {type(request).__name__!r} ({request!r})"
+                )
+            handler(self, request)
+        except ParentGone:
+            raise
+        except Exception:
+            where = f"in dispatching process while serving {type(request).__name__}"
+            self.control.send(ErrorResponse(type(request).__name__, ExceptionWrapper(where=where)))
+
+    # --- handlers (control endpoint) ------------------------------------------------------------
+
+    def _on_reset_epoch(self, request: ResetEpochRequest) -> None:
+        self.iterator = None
+        self.datapipe = process_reset_fn(
+            self.datapipe, self.worker_info, request.seed_generator, True, request.iter_reset_fn,
+            self.custom_reset_fn,
+        )
+        self.epoch = request.epoch
+        self.produced = 0
+        for w in range(self.num_workers):
+            self.credit[w] = self.sent[w] = 0
+            self.pending[w].clear()
+            self.end_sent[w] = False
+        self.ended = None
+        self.iterator = iter(self.datapipe)
+        self.control.send(ResetEpochResponse(self.epoch))
+
+    def _on_pause(self, request: PauseRequest) -> None:
+        for _, dp in graph_datapipes(self.datapipe):
+            if callable(getattr(dp, "pause", None)):
+                dp.pause()
+        if request.pause_fn is not None:
+            self.datapipe = request.pause_fn(self.datapipe)
+        self.paused = True
+        self.control.send(PauseResponse(self.capture()))
+
+    def _on_resume(self, request: ResumeRequest) -> None:
+        if request.resume_fn is not None:
+            self.datapipe = request.resume_fn(self.datapipe)
+        for _, dp in reversed(graph_datapipes(self.datapipe)):
+            if callable(getattr(dp, "resume", None)):
+                dp.resume()
+        self.paused = False
+        self.control.send(ResumeResponse())
+
+    def _on_limit(self, request: LimitRequest) -> None:
+        if request.limit_fn is not None:
+            self.datapipe = request.limit_fn(self.datapipe, request.num_batches)
+        self.control.send(LimitResponse())
+
+    def _on_terminate(self, request: TerminateRequest) -> None:
+        self.terminated = True
+        self.iterator = None
+        self.control.send(TerminateResponse())
+
+    def _on_get_state(self, request: GetStateRequest) -> None:
+        self.control.send(GetStateResponse(self.capture(request.include_datapipe_states)))
+
+    def capture(self, include_datapipe_states: bool = True) -> WorkerSnapshot:
+        """The dispatcher's snapshot; a consistent cut with the workers when taken while paused."""
+        graph = graph_datapipes(self.datapipe)
+        return WorkerSnapshot(
+            worker_id=-1,
+            role="dispatcher",
+            pid=os.getpid(),
+            epoch=self.epoch,
+            produced=self.produced,
+            sent=sum(self.sent),
+            buffered=sum(len(p) for p in self.pending),
+            exhausted=self.ended is not None,
+            paused=self.paused,
+            datapipe_yields={key: int(getattr(dp, "_number_of_samples_yielded", 0)) for key, dp in graph},
+            datapipe_states=capture_datapipe_states(graph) if include_datapipe_states else {},
+            sent_per_worker=tuple(self.sent),
+        )
+
+
+DispatcherLoop.HANDLERS = {
+    ResetEpochRequest: DispatcherLoop._on_reset_epoch,
+    PauseRequest: DispatcherLoop._on_pause,
+    ResumeRequest: DispatcherLoop._on_resume,
+    LimitRequest: DispatcherLoop._on_limit,
+    GetStateRequest: DispatcherLoop._on_get_state,
+    TerminateRequest: DispatcherLoop._on_terminate,
+}
+
+
+def run_dispatcher(
+    datapipe: DataPipe,
+    control: Endpoint,
+    workers: Sequence[Endpoint],
+    parent_pid: int,
+    batching: BatchingOptions,
+    custom_reset_fn: Optional[Callable[..., DataPipe]],
+) -> None:
+    """Entry point of the dispatching process."""
+    torch.set_num_threads(1)
+    control.parent_pid = parent_pid
+    for endpoint in workers:
+        endpoint.parent_pid = parent_pid
+    loop = DispatcherLoop(extract_wrapper(datapipe), control, workers, batching=batching,
+                          custom_reset_fn=custom_reset_fn)
+    try:
+        loop.run()
+    finally:
+        control.close()
+        for endpoint in workers:
+            endpoint.close()
+
+
+class DispatchedSource(IterDataPipe):
+    """In a worker, the items the dispatching process sends to it, in order.
+
+    Counters for the current epoch: ``received`` items read from the pipe, ``consumed`` items
+    handed to the graph, ``granted`` credit sent; ``received == consumed + len(buffer)``.
+    """
+
+    def __init__(self, channel: Channel, window: int = DISPATCH_WINDOW) -> None:
+        self.channel = channel
+        self.window = window
+        self.epoch = -1
+        self.buffer: Deque[Any] = deque()
+        self.received = self.consumed = self.granted = 0
+
+    def reset_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.buffer.clear()
+        self.received = self.consumed = self.granted = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            if not self.buffer:
+                self._top_up()
+                self._read()
+                continue
+            item = self.buffer.popleft()
+            if item is _END:
+                self.buffer.appendleft(_END)  # stays ended until the next epoch
+                return
+            if isinstance(item, ExceptionWrapper):
+                item.reraise()
+            self.consumed += 1
+            self._top_up()
+            yield item
+
+    def _top_up(self) -> None:
+        outstanding = self.granted - self.consumed
+        if outstanding * 2 <= self.window:
+            self.channel.send(GetNextRequest(self.epoch, self.window - outstanding))
+            self.granted += self.window - outstanding
+
+    def _read(self) -> None:
+        response = self.channel.recv(timeout_s=None, what="a dispatched item")
+        if isinstance(response, ItemsResponse):
+            items = ItemDecoder.decode(response.count, response.payload)
+            if response.epoch == self.epoch:
+                self.buffer.extend(items)
+                self.received += response.count
+        elif isinstance(response, StopIterationResponse):
+            if response.epoch == self.epoch:
+                self.buffer.append(_END)
+        elif isinstance(response, WorkerExceptionResponse):
+            self.buffer.append(response.exc)
+        elif isinstance(response, ErrorResponse):
+            response.exc.reraise()
+        else:
+            raise ProtocolError(f"a worker received {type(response).__name__} from the dispatching process")
+
+    def drain_until(self, sent: int) -> None:
+        """Read what the (paused) dispatcher already sent, so that ``received == sent``."""
+        while self.received < sent:
+            self._read()
+
+    # Never pickled for real: graph traversal only needs to know it has no parents.
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"window": self.window}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.channel = None  # type: ignore[assignment]
+        self.epoch, self.buffer = -1, deque()
+        self.received = self.consumed = self.granted = 0
+
+
+def find_dispatched_sources(datapipe: DataPipe) -> List[DispatchedSource]:
+    return find_dps(traverse_dps(datapipe), DispatchedSource)  # type: ignore[return-value]
