@@ -21,9 +21,9 @@ from torchdata_snapshot.errors import (
     WorkerError,
     WorkerTimeoutError,
 )
+from torchdata_snapshot.options import BatchingOptions
 from torchdata_snapshot.reading_service import MultiProcessingReadingService
 from torchdata_snapshot.snapshot import WorkerSnapshot
-from torchdata_snapshot.options import BatchingOptions
 
 __version__ = "0.1.0"
 

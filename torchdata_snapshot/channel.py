@@ -63,7 +63,7 @@ def describe_exit(exitcode: Optional[int]) -> str:
     return f"exit code {exitcode}"
 
 
-def make_pipe_pair(ctx: Any = None) -> Tuple["Channel", "Endpoint", Tuple[Connection, Connection]]:
+def make_pipe_pair(ctx: Any = None) -> Tuple[Channel, Endpoint, Tuple[Connection, Connection]]:
     """Create the two pipes of one channel.
 
     Returns ``(channel, endpoint, child_ends)``; after handing ``endpoint`` to a child process,
@@ -153,7 +153,7 @@ class Channel:
         process: Optional[BaseProcess] = None,
         watch: Optional[Callable[[], None]] = None,
         pid: Optional[int] = None,
-    ) -> "Channel":
+    ) -> Channel:
         """Name the serving side for errors; ``process`` (if owned) or ``pid`` identify it."""
         self.name, self.process, self.watch, self._pid = name, process, watch, pid
         return self
@@ -281,4 +281,4 @@ def wait_any(channels: Sequence[Any], timeout_s: Optional[float]) -> List[Any]:
     """The channels (or endpoints) among ``channels`` that have a message ready."""
     from multiprocessing.connection import wait
 
-    return list(wait(list(channels), timeout_s))  # type: ignore[arg-type]
+    return list(wait(list(channels), timeout_s))

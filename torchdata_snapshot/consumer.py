@@ -198,7 +198,8 @@ class WorkerConsumer(IterDataPipe):
             for worker_id, channel in enumerate(self.channels):
                 channel.send(make_request(worker_id))
             return [
-                self._await(worker_id, expected, what=expected.__name__) for worker_id in range(self.num_workers)
+                self._await(worker_id, expected, what=expected.__name__)
+                for worker_id in range(self.num_workers)
             ]
 
     def _check_open(self) -> None:
@@ -206,7 +207,11 @@ class WorkerConsumer(IterDataPipe):
             raise ReadingServiceClosedError("the reading service was shut down; its workers are gone")
 
     def reset_epoch(
-        self, epoch: int, seed_generators: Sequence[Any], iter_reset_fn: Optional[Callable], start: bool = True
+        self,
+        epoch: int,
+        seed_generators: Sequence[Any],
+        iter_reset_fn: Optional[Callable],
+        start: bool = True,
     ) -> None:
         """Reset every worker to ``epoch``; everything still in flight from before is dropped.
 
@@ -246,7 +251,9 @@ class WorkerConsumer(IterDataPipe):
         worker_num_batches: Optional[Sequence[int]] = None,
     ) -> None:
         def limit(i: int) -> LimitRequest:
-            return LimitRequest(num_batches, limit_fn, None if worker_num_batches is None else worker_num_batches[i])
+            return LimitRequest(
+                num_batches, limit_fn, None if worker_num_batches is None else worker_num_batches[i]
+            )
 
         self.request_all(limit, LimitResponse)
 
@@ -260,7 +267,9 @@ class WorkerConsumer(IterDataPipe):
         """
 
         def get_state(i: int) -> GetStateRequest:
-            return GetStateRequest(None if dispatcher_sent is None else dispatcher_sent[i], include_datapipe_states)
+            return GetStateRequest(
+                None if dispatcher_sent is None else dispatcher_sent[i], include_datapipe_states
+            )
 
         with self.lock:
             responses = self.request_all(get_state, GetStateResponse)
@@ -297,7 +306,9 @@ class WorkerConsumer(IterDataPipe):
                 if channel not in sent:
                     continue
                 try:
-                    while not isinstance(self._read(worker_id, timeout_s, "TerminateResponse"), TerminateResponse):
+                    while not isinstance(
+                        self._read(worker_id, timeout_s, "TerminateResponse"), TerminateResponse
+                    ):
                         pass
                 except Exception:
                     pass
@@ -314,7 +325,7 @@ class _ConsumerIterator:
         self.consumer = consumer
         self.epoch = epoch
 
-    def __iter__(self) -> "_ConsumerIterator":
+    def __iter__(self) -> _ConsumerIterator:
         return self
 
     def __next__(self) -> Any:

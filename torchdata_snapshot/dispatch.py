@@ -61,10 +61,16 @@ from torchdata_snapshot.messages import (
     TerminateResponse,
     WorkerExceptionResponse,
 )
-from torchdata_snapshot.snapshot import WorkerSnapshot, capture_datapipe_states, graph_datapipes
 from torchdata_snapshot.options import BatchingOptions
+from torchdata_snapshot.snapshot import WorkerSnapshot, capture_datapipe_states, graph_datapipes
 
-__all__ = ["DISPATCH_WINDOW", "MAX_PENDING_PER_WORKER", "DispatchedSource", "DispatcherLoop", "run_dispatcher"]
+__all__ = [
+    "DISPATCH_WINDOW",
+    "MAX_PENDING_PER_WORKER",
+    "DispatchedSource",
+    "DispatcherLoop",
+    "run_dispatcher",
+]
 
 #: Credit a worker grants the dispatcher: dispatched items it may hold unread.
 DISPATCH_WINDOW = 32
@@ -89,7 +95,7 @@ class DispatcherLoop:
     sent to worker ``w``; always ``produced == sum(sent) + sum(len(pending))``.
     """
 
-    HANDLERS: Dict[Type[Request], Callable[["DispatcherLoop", Any], None]]
+    HANDLERS: Dict[Type[Request], Callable[[DispatcherLoop, Any], None]]
 
     def __init__(
         self,
@@ -157,8 +163,8 @@ class DispatcherLoop:
         if self.paused or self.iterator is None:
             return False
         sendable = any(
-            (self.credit[w] and self.pending[w]) or (self.ended is not None and not self.pending[w]
-                                                     and not self.end_sent[w])
+            (self.credit[w] and self.pending[w])
+            or (self.ended is not None and not self.pending[w] and not self.end_sent[w])
             for w in range(self.num_workers)
         )
         return sendable or (self.ended is None and self._demand())
@@ -219,18 +225,20 @@ class DispatcherLoop:
                 self.credit[worker_id] += request.count
             return
         try:
-            raise ProtocolError(f"the dispatching process does not serve {type(request).__name__!r} from workers")
+            raise ProtocolError(
+                f"the dispatching process does not serve {type(request).__name__!r} from workers"
+            )
         except ProtocolError:
-            self.workers[worker_id].send(ErrorResponse(type(request).__name__, ExceptionWrapper(
-                where="in dispatching process")))
+            self.workers[worker_id].send(
+                ErrorResponse(type(request).__name__, ExceptionWrapper(where="in dispatching process"))
+            )
 
     def _handle(self, request: Any) -> None:
         handler = self.HANDLERS.get(type(request))
         try:
             if handler is None:
-                raise ProtocolError(
-                    f"the dispatching process does not handle request {type(request).__name__!r} ({request!r})"
-                )
+                name = type(request).__name__
+                raise ProtocolError(f"the dispatching process does not handle request {name!r} ({request!r})")
             handler(self, request)
         except ParentGone:
             raise
@@ -243,7 +251,11 @@ class DispatcherLoop:
     def _on_reset_epoch(self, request: ResetEpochRequest) -> None:
         self.iterator = None
         self.datapipe = process_reset_fn(
-            self.datapipe, self.worker_info, request.seed_generator, True, request.iter_reset_fn,
+            self.datapipe,
+            self.worker_info,
+            request.seed_generator,
+            True,
+            request.iter_reset_fn,
             self.custom_reset_fn,
         )
         self.epoch = request.epoch
@@ -329,8 +341,9 @@ def run_dispatcher(
     control.parent_pid = parent_pid
     for endpoint in workers:
         endpoint.parent_pid = parent_pid
-    loop = DispatcherLoop(extract_wrapper(datapipe), control, workers, batching=batching,
-                          custom_reset_fn=custom_reset_fn)
+    loop = DispatcherLoop(
+        extract_wrapper(datapipe), control, workers, batching=batching, custom_reset_fn=custom_reset_fn
+    )
     try:
         loop.run()
     finally:
@@ -414,4 +427,4 @@ class DispatchedSource(IterDataPipe):
 
 
 def find_dispatched_sources(datapipe: DataPipe) -> List[DispatchedSource]:
-    return find_dps(traverse_dps(datapipe), DispatchedSource)  # type: ignore[return-value]
+    return find_dps(traverse_dps(datapipe), DispatchedSource)

@@ -37,7 +37,7 @@ class Outlet(IterDataPipe):
         return _OutletIterator(self, iter(self.source_datapipe), self.epoch)
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)
 
 
 class _OutletIterator:
@@ -48,7 +48,7 @@ class _OutletIterator:
         self.source: Optional[Iterator[Any]] = source
         self.epoch = epoch
 
-    def __iter__(self) -> "_OutletIterator":
+    def __iter__(self) -> _OutletIterator:
         return self
 
     def __next__(self) -> Any:

@@ -24,7 +24,12 @@ from torchdata.dataloader2.utils.worker import process_init_fn
 from torchdata_snapshot.channel import Channel, describe_exit, make_pipe_pair
 from torchdata_snapshot.consumer import CONTROL_TIMEOUT_S, WorkerConsumer, credit_window
 from torchdata_snapshot.dispatch import run_dispatcher
-from torchdata_snapshot.errors import ProtocolError, ReadingServiceClosedError, ReadingServiceError, WorkerDiedError
+from torchdata_snapshot.errors import (
+    ProtocolError,
+    ReadingServiceClosedError,
+    ReadingServiceError,
+    WorkerDiedError,
+)
 from torchdata_snapshot.messages import (
     ErrorResponse,
     GetStateRequest,
@@ -179,14 +184,14 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
         return self._end_datapipe
 
     def _start_workers(self, datapipe: DataPipe) -> DataPipe:
-        ctx = mp.get_context(self.multiprocessing_context)
+        ctx: Any = mp.get_context(self.multiprocessing_context)
         graph = traverse_dps(datapipe)
         dispatcher_links: List[Optional[Channel]] = [None] * self.num_workers
         dispatching_dp = find_lca_round_robin_sharding_dp(graph)
         if dispatching_dp is not None:
             # The non-replicable part runs once, in the dispatching process; a placeholder
             # stands in the workers' graph where it was (replaced by DispatchedSource there).
-            graph = replace_dp(graph, dispatching_dp, _DummyIterDataPipe())  # type: ignore[arg-type]
+            graph = replace_dp(graph, dispatching_dp, _DummyIterDataPipe())
             datapipe = list(graph.values())[0][0]
             dispatcher_links = list(self._start_dispatcher(ctx, dispatching_dp))
         replicable_dps = _find_replicable_branches(graph)
@@ -205,8 +210,15 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
                 link = dispatcher_links[worker_id]
                 process = ctx.Process(
                     target=run_worker,
-                    args=(attach_wrapper(replicable_dp), endpoint, WorkerInfo(self.num_workers, worker_id),
-                          os.getpid(), options, link, dispatcher_pid),
+                    args=(
+                        attach_wrapper(replicable_dp),
+                        endpoint,
+                        WorkerInfo(self.num_workers, worker_id),
+                        os.getpid(),
+                        options,
+                        link,
+                        dispatcher_pid,
+                    ),
                     name=f"torchdata_snapshot worker {worker_id}",
                     daemon=True,
                 )
@@ -236,8 +248,14 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
         links = [make_pipe_pair(ctx) for _ in range(self.num_workers)]
         process = ctx.Process(
             target=run_dispatcher,
-            args=(attach_wrapper(dispatching_dp), control_endpoint, [endpoint for _, endpoint, _ in links],
-                  os.getpid(), self.batching, self.worker_reset_fn),
+            args=(
+                attach_wrapper(dispatching_dp),
+                control_endpoint,
+                [endpoint for _, endpoint, _ in links],
+                os.getpid(),
+                self.batching,
+                self.worker_reset_fn,
+            ),
             name="torchdata_snapshot dispatcher",
             daemon=True,
         )
@@ -255,9 +273,8 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
         """Liveness check run by every wait on a worker: the worker may be waiting for the dispatcher."""
         process = self._dispatch_process
         if process is not None and process.exitcode is not None:
-            raise WorkerDiedError(
-                f"dispatching process (pid {process.pid}) exited unexpectedly with {describe_exit(process.exitcode)}"
-            )
+            how = describe_exit(process.exitcode)
+            raise WorkerDiedError(f"dispatching process (pid {process.pid}) exited unexpectedly with {how}")
 
     def _ask_dispatcher(self, request: Any, expected: type) -> Any:
         """Send one control request to the dispatching process and return its answer."""
@@ -268,7 +285,9 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
         if isinstance(response, ErrorResponse):
             response.exc.reraise()
         if not isinstance(response, expected):
-            raise ProtocolError(f"the dispatching process answered {type(response).__name__}, not {expected.__name__}")
+            raise ProtocolError(
+                f"the dispatching process answered {type(response).__name__}, not {expected.__name__}"
+            )
         return response
 
     def initialize_iteration(
@@ -286,7 +305,9 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
             # Workers first: one of them may be waiting for a dispatched item of the old epoch.
             self._worker_consumer_datapipe.reset_epoch(self._epoch, seeds, iter_reset_fn, start=False)
             if self._dispatcher_channel is not None:
-                self._ask_dispatcher(ResetEpochRequest(self._epoch, seed_generator, iter_reset_fn), ResetEpochResponse)
+                self._ask_dispatcher(
+                    ResetEpochRequest(self._epoch, seed_generator, iter_reset_fn), ResetEpochResponse
+                )
             self._worker_consumer_datapipe.start_epoch()
         else:
             # In-process, the graph is seeded like the only worker: the main generator then
@@ -363,7 +384,9 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
         return None
 
     def _limit(
-        self, num_batches: Optional[int], limit_fn: Optional[Callable[[DataPipe, Optional[int]], DataPipe]] = None
+        self,
+        num_batches: Optional[int],
+        limit_fn: Optional[Callable[[DataPipe, Optional[int]], DataPipe]] = None,
     ) -> Optional[Callable[[DataPipe, Optional[int]], DataPipe]]:
         if limit_fn is not None:
             self._check_open()
@@ -462,4 +485,3 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
             f"multiprocessing_context={self.multiprocessing_context!r}, "
             f"worker_prefetch_cnt={self.worker_prefetch_cnt}, main_prefetch_cnt={self.main_prefetch_cnt})"
         )
-

@@ -137,7 +137,7 @@ class WorkerLoop:
     ``HANDLERS`` is the one place that maps a request type to its handler.
     """
 
-    HANDLERS: Dict[Type[Request], Callable[["WorkerLoop", Any], None]]
+    HANDLERS: Dict[Type[Request], Callable[[WorkerLoop, Any], None]]
 
     def __init__(
         self,
@@ -168,7 +168,9 @@ class WorkerLoop:
         self.terminated = False
         self._item_time_s = 0.0  # moving average of the time to produce one item
         self._graph: List[Tuple[str, DataPipe]] = graph_datapipes(datapipe) if init_error is None else []
-        self._sources: List[DispatchedSource] = find_dispatched_sources(datapipe) if init_error is None else []
+        self._sources: List[DispatchedSource] = (
+            find_dispatched_sources(datapipe) if init_error is None else []
+        )
 
     # --- main loop ------------------------------------------------------------------------------
 
@@ -264,7 +266,9 @@ class WorkerLoop:
                     f"{self.name} does not handle request {type(request).__name__!r} ({request!r})"
                 )
             except ProtocolError:
-                self.endpoint.send(ErrorResponse(type(request).__name__, ExceptionWrapper(where=f"in {self.name}")))
+                self.endpoint.send(
+                    ErrorResponse(type(request).__name__, ExceptionWrapper(where=f"in {self.name}"))
+                )
             return
         try:
             handler(self, request)
@@ -326,7 +330,9 @@ class WorkerLoop:
     @_handles(LimitRequest)
     def _on_limit(self, request: LimitRequest) -> None:
         if request.limit_fn is not None:
-            num_batches = request.num_batches if request.worker_num_batches is None else request.worker_num_batches
+            num_batches = (
+                request.num_batches if request.worker_num_batches is None else request.worker_num_batches
+            )
             self.datapipe = request.limit_fn(self.datapipe, num_batches)
         self.endpoint.send(LimitResponse())
 
@@ -347,7 +353,9 @@ class WorkerLoop:
 
     def capture(self, include_datapipe_states: bool = True) -> WorkerSnapshot:
         """The worker's snapshot now; DataPipes with their own threads are paused around it."""
-        pausable = [] if self.paused else [dp for _, dp in self._graph if callable(getattr(dp, "pause", None))]
+        pausable = (
+            [] if self.paused else [dp for _, dp in self._graph if callable(getattr(dp, "pause", None))]
+        )
         for dp in pausable:
             dp.pause()
         try:
@@ -373,14 +381,17 @@ class WorkerLoop:
 
 
 WorkerLoop.HANDLERS = {
-    method._handles: method  # type: ignore[attr-defined]
+    method._handles: method
     for method in vars(WorkerLoop).values()
     if callable(method) and hasattr(method, "_handles")
 }
 
 
 def prepare_worker_graph(
-    datapipe: DataPipe, worker_info: WorkerInfo, options: WorkerOptions, dispatcher_link: Optional[Channel] = None
+    datapipe: DataPipe,
+    worker_info: WorkerInfo,
+    options: WorkerOptions,
+    dispatcher_link: Optional[Channel] = None,
 ) -> DataPipe:
     """Shard the replicable graph for this worker and apply ``worker_init_fn`` (upstream semantics).
 
@@ -396,7 +407,9 @@ def prepare_worker_graph(
         )
     else:
         if len(placeholders) != 1 or dispatcher_link is None:
-            raise ProtocolError("a worker graph with a dispatched part needs exactly one link to the dispatcher")
+            raise ProtocolError(
+                "a worker graph with a dispatched part needs exactly one link to the dispatcher"
+            )
         for branch in find_non_dispatching_branches(graph):
             torch.utils.data.graph_settings.apply_sharding(
                 branch, worker_info.num_workers, worker_info.worker_id, SHARDING_PRIORITIES.MULTIPROCESSING
@@ -426,7 +439,9 @@ def run_worker(
     try:
         datapipe = prepare_worker_graph(extract_wrapper(datapipe), worker_info, options, dispatcher_link)
     except Exception:
-        init_error = ExceptionWrapper(where=f"in worker process {worker_info.worker_id} while initializing it")
+        init_error = ExceptionWrapper(
+            where=f"in worker process {worker_info.worker_id} while initializing it"
+        )
     loop = WorkerLoop(datapipe, endpoint, worker_info, options=options, init_error=init_error)
     try:
         loop.run()

@@ -26,7 +26,12 @@ def not_multiple_of_3(x: int) -> bool:
 
 def with_global_randomness(x: int) -> tuple:
     """Uses the three global RNGs DataLoader2 seeds per worker."""
-    return (x, random.randint(0, 10**6), int(torch.randint(0, 10**6, ())), int(numpy.random.randint(0, 10**6)))
+    return (
+        x,
+        random.randint(0, 10**6),
+        int(torch.randint(0, 10**6, ())),
+        int(numpy.random.randint(0, 10**6)),
+    )
 
 
 def random_delay(x: Any) -> Any:
@@ -140,7 +145,9 @@ def _dispatch(n: int) -> IterDataPipe:
     from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 
     return (
-        IterableWrapper(range(n)).shuffle().sharding_round_robin_dispatch(SHARDING_PRIORITIES.MULTIPROCESSING)
+        IterableWrapper(range(n))
+        .shuffle()
+        .sharding_round_robin_dispatch(SHARDING_PRIORITIES.MULTIPROCESSING)
         .map(with_global_randomness)
     )
 

@@ -19,7 +19,9 @@ class Dispatching:
     def __init__(self, datapipe: Any, num_workers: int, window: int = 4, max_pending: int = 10_000) -> None:
         self.control, control_endpoint, _ = make_pipe_pair()
         links = [make_pipe_pair() for _ in range(num_workers)]
-        self.loop = DispatcherLoop(datapipe, control_endpoint, [e for _, e, _ in links], max_pending=max_pending)
+        self.loop = DispatcherLoop(
+            datapipe, control_endpoint, [e for _, e, _ in links], max_pending=max_pending
+        )
         self.sources = [DispatchedSource(c.bind(f"link {i}"), window) for i, (c, _, _) in enumerate(links)]
         self.thread = threading.Thread(target=self.loop.run, daemon=True)
         self.thread.start()
@@ -33,7 +35,9 @@ class Dispatching:
         self.epoch += 1
         for source in self.sources:
             source.reset_epoch(self.epoch)
-        assert self.ask(m.ResetEpochRequest(self.epoch, SeedGenerator(seed))) == m.ResetEpochResponse(self.epoch)
+        assert self.ask(m.ResetEpochRequest(self.epoch, SeedGenerator(seed))) == m.ResetEpochResponse(
+            self.epoch
+        )
 
     def close(self) -> None:
         assert isinstance(self.ask(m.TerminateRequest()), m.TerminateResponse)

@@ -21,7 +21,9 @@ def rs(num_workers: int = 2, **kwargs: Any) -> MultiProcessingReadingService:
     return MultiProcessingReadingService(num_workers=num_workers, **kwargs)
 
 
-def run_epochs(make_dl: Any, datapipe: Any, reading_service: Any, epochs: int = 2, seed: int = 0) -> List[List[Any]]:
+def run_epochs(
+    make_dl: Any, datapipe: Any, reading_service: Any, epochs: int = 2, seed: int = 0
+) -> List[List[Any]]:
     dl = make_dl(datapipe, reading_service, seed)
     return [list(dl) for _ in range(epochs)]
 
@@ -45,8 +47,13 @@ def assert_consistent(snaps: List[WorkerSnapshot], num_workers: int, delivered: 
 def test_is_an_upstream_reading_service_with_the_same_defaults() -> None:
     ours, theirs = MultiProcessingReadingService(), UpstreamMPRS(num_workers=1)
     assert isinstance(ours, UpstreamMPRS)
-    for name in ("multiprocessing_context", "worker_prefetch_cnt", "main_prefetch_cnt", "worker_init_fn",
-                 "worker_reset_fn"):
+    for name in (
+        "multiprocessing_context",
+        "worker_prefetch_cnt",
+        "main_prefetch_cnt",
+        "worker_init_fn",
+        "worker_reset_fn",
+    ):
         assert getattr(ours, name) == getattr(theirs, name), name
     assert ours.num_workers == 0
 
@@ -94,7 +101,11 @@ def test_same_seed_same_epochs_and_epochs_differ(make_dl: Any) -> None:
 
 def test_more_workers_than_items(make_dl: Any) -> None:
     # Upstream raises "Can not request next item while we are still waiting response" here.
-    assert sorted(run_epochs(make_dl, tiny(3), rs(4, worker_prefetch_cnt=0, main_prefetch_cnt=0))[1]) == [0, 2, 4]
+    assert sorted(run_epochs(make_dl, tiny(3), rs(4, worker_prefetch_cnt=0, main_prefetch_cnt=0))[1]) == [
+        0,
+        2,
+        4,
+    ]
 
 
 def test_breaking_out_of_an_epoch_and_starting_a_new_one(make_dl: Any) -> None:
@@ -115,7 +126,9 @@ def test_breaking_out_of_an_epoch_and_starting_a_new_one(make_dl: Any) -> None:
 def test_a_worker_exception_is_reraised_with_the_worker_traceback(make_dl: Any) -> None:
     dl = make_dl(IterableWrapper(range(20)).sharding_filter().map(fail_at_7), rs(2))
     got = []
-    with pytest.raises(ValueError, match=r"(?s)Caught ValueError in worker process 1.*fail_at_7.*sample 7 is corrupt"):
+    with pytest.raises(
+        ValueError, match=r"(?s)Caught ValueError in worker process 1.*fail_at_7.*sample 7 is corrupt"
+    ):
         for x in dl:
             got.append(x)
     assert got == [0, 1, 2, 3, 4, 5, 6]
@@ -209,7 +222,9 @@ def test_snapshot_at_every_position_of_an_epoch(make_dl: Any, num_workers: int, 
 
 @pytest.mark.parametrize("worker_prefetch_cnt", [0, 1, 10])
 @pytest.mark.parametrize("main_prefetch_cnt", [0, 1, 10])
-def test_snapshots_never_perturb_the_data(make_dl: Any, worker_prefetch_cnt: int, main_prefetch_cnt: int) -> None:
+def test_snapshots_never_perturb_the_data(
+    make_dl: Any, worker_prefetch_cnt: int, main_prefetch_cnt: int
+) -> None:
     config = dict(worker_prefetch_cnt=worker_prefetch_cnt, main_prefetch_cnt=main_prefetch_cnt)
     reference = run_epochs(make_dl, pipeline("shuffle_after_sharding", 24), rs(2, **config))
     dl = make_dl(pipeline("shuffle_after_sharding", 24), rs(2, **config))
@@ -263,7 +278,9 @@ def test_snapshot_reports_datapipe_yields_and_states(make_dl: Any) -> None:
     snaps = dl.reading_service.snapshot()
     for s in snaps:
         assert s.datapipe_yields["0:MapperIterDataPipe"] == s.produced
-        assert s.datapipe_states == {"2:CountingWithState": {"seen": s.datapipe_yields["2:CountingWithState"]}}
+        assert s.datapipe_states == {
+            "2:CountingWithState": {"seen": s.datapipe_yields["2:CountingWithState"]}
+        }
 
 
 def test_snapshot_with_num_workers_0(make_dl: Any) -> None:

@@ -23,8 +23,9 @@ def serve(
     """Send ``requests`` one by one (then a terminate), letting the loop finish the work of each
     before the next; return the responses."""
     channel, endpoint, _ = make_pipe_pair()
-    loop = WorkerLoop(datapipe, endpoint, WorkerInfo(1, 0), options=WorkerOptions(batching=batching),
-                      init_error=init_error)
+    loop = WorkerLoop(
+        datapipe, endpoint, WorkerInfo(1, 0), options=WorkerOptions(batching=batching), init_error=init_error
+    )
     for request in [*requests, m.TerminateRequest()]:
         channel.send(request)
         loop.run_until_idle()
@@ -78,24 +79,31 @@ def test_production_never_exceeds_credit() -> None:
 
 
 def test_credit_for_another_epoch_is_ignored() -> None:
-    responses = serve(IterableWrapper(range(5)), [reset(epoch=1), m.GetNextRequest(0, 5), m.GetNextRequest(1, 2)])
+    responses = serve(
+        IterableWrapper(range(5)), [reset(epoch=1), m.GetNextRequest(0, 5), m.GetNextRequest(1, 2)]
+    )
     assert items_of(responses) == [0, 1]
 
 
 def test_batches_are_bounded_by_count() -> None:
-    responses = serve(IterableWrapper(range(7)), [reset(), m.GetNextRequest(0, 7)], BatchingOptions(max_items=3))
+    responses = serve(
+        IterableWrapper(range(7)), [reset(), m.GetNextRequest(0, 7)], BatchingOptions(max_items=3)
+    )
     assert [r.count for r in responses if isinstance(r, m.ItemsResponse)] == [3, 3, 1]
     assert items_of(responses) == list(range(7))
 
 
 def test_batches_are_bounded_by_bytes() -> None:
-    responses = serve(IterableWrapper([b"x" * 1000] * 4), [reset(), m.GetNextRequest(0, 4)],
-                      BatchingOptions(max_bytes=1500))
+    responses = serve(
+        IterableWrapper([b"x" * 1000] * 4), [reset(), m.GetNextRequest(0, 4)], BatchingOptions(max_bytes=1500)
+    )
     assert [r.count for r in responses if isinstance(r, m.ItemsResponse)] == [2, 2]
 
 
 def test_zero_delay_sends_every_item_at_once() -> None:
-    responses = serve(IterableWrapper(range(3)), [reset(), m.GetNextRequest(0, 3)], BatchingOptions(max_delay_s=0))
+    responses = serve(
+        IterableWrapper(range(3)), [reset(), m.GetNextRequest(0, 3)], BatchingOptions(max_delay_s=0)
+    )
     assert [r.count for r in responses if isinstance(r, m.ItemsResponse)] == [1, 1, 1]
 
 
@@ -151,7 +159,9 @@ def _broken_pause_fn(dp: Any) -> Any:
 
 
 def test_a_failing_handler_answers_with_an_error() -> None:
-    responses = serve(IterableWrapper(range(2)), [reset(), m.PauseRequest(_broken_pause_fn), m.ResumeRequest()])
+    responses = serve(
+        IterableWrapper(range(2)), [reset(), m.PauseRequest(_broken_pause_fn), m.ResumeRequest()]
+    )
     assert isinstance(responses[1], m.ErrorResponse) and responses[1].request_type == "PauseRequest"
     with pytest.raises(RuntimeError, match="while serving PauseRequest"):
         responses[1].exc.reraise()
@@ -224,21 +234,29 @@ def test_get_state_reports_counts_yields_and_datapipe_states() -> None:
     snap = responses[-1].snapshot
     assert (snap.worker_id, snap.role, snap.epoch) == (0, "worker", 4)
     assert (snap.produced, snap.sent, snap.buffered, snap.exhausted) == (3, 3, 0, False)
-    assert snap.datapipe_yields == {"0:MapperIterDataPipe": 3, "1:WithState": 3, "2:IterableWrapperIterDataPipe": 3}
+    assert snap.datapipe_yields == {
+        "0:MapperIterDataPipe": 3,
+        "1:WithState": 3,
+        "2:IterableWrapperIterDataPipe": 3,
+    }
     assert snap.datapipe_states == {"1:WithState": {"seen": 3}}
 
 
 def test_an_unpicklable_state_names_the_datapipe_and_attribute() -> None:
     dp = WithState(IterableWrapper(range(3)), unpicklable=True)
     responses = serve(dp, [reset(), m.GetStateRequest(), m.GetStateRequest(include_datapipe_states=False)])
-    with pytest.raises(StateCaptureError, match=r"DataPipe 0:WithState .* cannot be pickled \(attribute 'handle'\)"):
+    with pytest.raises(
+        StateCaptureError, match=r"DataPipe 0:WithState .* cannot be pickled \(attribute 'handle'\)"
+    ):
         responses[1].exc.reraise()
     assert isinstance(responses[2], m.GetStateResponse), "the loop keeps serving"
 
 
 def test_a_failing_state_dict_names_the_datapipe() -> None:
     responses = serve(WithState(IterableWrapper(range(3)), fail=True), [reset(), m.GetStateRequest()])
-    with pytest.raises(StateCaptureError, match=r"state_dict\(\) of DataPipe 0:WithState .* raised OSError: disk gone"):
+    with pytest.raises(
+        StateCaptureError, match=r"state_dict\(\) of DataPipe 0:WithState .* raised OSError: disk gone"
+    ):
         responses[1].exc.reraise()
 
 
@@ -247,7 +265,7 @@ def test_a_new_epoch_drops_the_old_one_and_replays_with_the_same_seed() -> None:
     requests = [reset(0, seed=5), m.GetNextRequest(0, 4), reset(1, seed=5), m.GetNextRequest(1, 20)]
     responses = serve(dp, requests)
     marks = [i for i, r in enumerate(responses) if isinstance(r, m.ResetEpochResponse)]
-    first, second = items_of(responses[: marks[1]]), items_of(responses[marks[1]:])
+    first, second = items_of(responses[: marks[1]]), items_of(responses[marks[1] :])
     assert len(first) == 4 and sorted(second) == list(range(20))
     assert second[:4] == first, "same seed, same order"
     assert second != list(range(20)), "the shuffle is seeded, not skipped"
@@ -258,7 +276,9 @@ def _limit_fn(dp: Any, n: Optional[int]) -> Any:
 
 
 def test_limit_applies_limit_fn_to_the_graph() -> None:
-    responses = serve(IterableWrapper(range(10)), [m.LimitRequest(3, _limit_fn), reset(), m.GetNextRequest(0, 10)])
+    responses = serve(
+        IterableWrapper(range(10)), [m.LimitRequest(3, _limit_fn), reset(), m.GetNextRequest(0, 10)]
+    )
     assert isinstance(responses[0], m.LimitResponse)
     assert items_of(responses) == [0, 1, 2]
 
@@ -286,6 +306,11 @@ def test_the_loop_exits_when_the_parent_is_gone() -> None:
 def test_handlers_table_covers_every_request_the_main_process_sends() -> None:
     served = set(WorkerLoop.HANDLERS)
     assert served == {
-        m.ResetEpochRequest, m.GetNextRequest, m.PauseRequest, m.ResumeRequest,
-        m.LimitRequest, m.GetStateRequest, m.TerminateRequest,
+        m.ResetEpochRequest,
+        m.GetNextRequest,
+        m.PauseRequest,
+        m.ResumeRequest,
+        m.LimitRequest,
+        m.GetStateRequest,
+        m.TerminateRequest,
     }
