@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, List
@@ -10,6 +11,25 @@ import pytest
 from torchdata.dataloader2 import DataLoader2
 
 sys.path.insert(0, str(Path(__file__).parent))  # `import pipelines` in tests and in spawned workers
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--mp-context",
+        default=None,
+        choices=["fork", "spawn", "forkserver"],
+        help="start method of the tests that do not choose one (default: fork)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    context = config.getoption("--mp-context")
+    if context is not None:
+        # An environment variable, so that fresh processes started by tests see it too.
+        os.environ["TORCHDATA_SNAPSHOT_TEST_CONTEXT"] = context
+        import pipelines
+
+        pipelines.CONTEXT = context
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from typing import Any, Dict, Iterator, List
@@ -10,6 +11,17 @@ import numpy
 import torch
 from torch.utils.data import IterDataPipe
 from torchdata.datapipes.iter import IterableWrapper
+
+#: Start method of the tests that do not choose one (``pytest --mp-context spawn`` sets it).
+CONTEXT = os.environ.get("TORCHDATA_SNAPSHOT_TEST_CONTEXT", "fork")
+
+
+def rs(num_workers: int = 2, **kwargs: Any) -> Any:
+    """Our reading service with the test suite's default start method."""
+    from torchdata_snapshot import MultiProcessingReadingService
+
+    kwargs.setdefault("multiprocessing_context", CONTEXT)
+    return MultiProcessingReadingService(num_workers=num_workers, **kwargs)
 
 
 def double(x: int) -> int:

@@ -7,18 +7,13 @@ from functools import partial
 from typing import Any, List, Optional
 
 import pytest
-from pipelines import CountingWithState, NonReplicable, double, fail_at_7, pipeline, take, tiny
+from pipelines import CountingWithState, NonReplicable, double, fail_at_7, pipeline, rs, take, tiny
 from torchdata.dataloader2 import DataLoader2
 from torchdata.dataloader2 import MultiProcessingReadingService as UpstreamMPRS
 from torchdata.datapipes.iter import IterableWrapper
 
 from torchdata_snapshot import MultiProcessingReadingService, ReadingServiceClosedError, WorkerSnapshot
 from torchdata_snapshot.errors import ReadingServiceError
-
-
-def rs(num_workers: int = 2, **kwargs: Any) -> MultiProcessingReadingService:
-    kwargs.setdefault("multiprocessing_context", "fork")
-    return MultiProcessingReadingService(num_workers=num_workers, **kwargs)
 
 
 def run_epochs(
