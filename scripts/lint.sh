@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Set up the environment (with the lint tools) and run ruff and mypy as CI does.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+EXTRAS="test,lint" "$root/scripts/setup_env.sh" >/dev/null
+bin="${VENV:-$root/.venv}/bin"
+cd "$root"
+"$bin/ruff" check torchdata_snapshot test benchmarks examples
+"$bin/ruff" format --check torchdata_snapshot test benchmarks examples
+"$bin/mypy"
