@@ -5,6 +5,10 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 EXTRAS="test,lint" "$root/scripts/setup_env.sh" >/dev/null
 bin="${VENV:-$root/.venv}/bin"
 cd "$root"
-"$bin/ruff" check torchdata_snapshot test benchmarks examples
-"$bin/ruff" format --check torchdata_snapshot test benchmarks examples
+dirs=()
+for d in torchdata_snapshot test benchmarks examples docs; do
+  [ -d "$d" ] && dirs+=("$d")
+done
+"$bin/ruff" check "${dirs[@]}"
+"$bin/ruff" format --check "${dirs[@]}"
 "$bin/mypy"
