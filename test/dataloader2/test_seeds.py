@@ -1,0 +1,65 @@
+"""SeedGenerator state as plain data: exact round trip, in place, validated."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from torchdata.dataloader2.random import SeedGenerator
+
+from torchdata_snapshot.errors import InvalidCheckpointError
+from torchdata_snapshot.seeds import check_seed_state, load_seed_state, seed_state
+
+
+def advanced(seed: int) -> SeedGenerator:
+    g = SeedGenerator(seed)
+    g.generate_seed()  # leaves a cached draw in the worker engine
+    g.generate_shared_seed()
+    g.spawn(3, inplace=True)
+    return g
+
+
+def draws(g: SeedGenerator) -> list:
+    return [g.generate_seed(), g.generate_shared_seed(), g.spawn(1).generate_seed(), g.generate_seed()]
+
+
+def test_the_state_is_plain_json_data() -> None:
+    state = seed_state(advanced(5))
+    assert json.loads(json.dumps(state)) == state
+
+
+def test_loading_the_state_continues_the_same_draws_in_place() -> None:
+    original = advanced(5)
+    target = SeedGenerator(99)
+    same_object = target
+    load_seed_state(target, seed_state(original))
+    assert target is same_object
+    assert draws(target) == draws(original)
+
+
+def test_the_state_does_not_alias_the_generator() -> None:
+    g = advanced(5)
+    state = seed_state(g)
+    frozen = copy.deepcopy(state)
+    g.generate_seed()
+    assert state == frozen
+
+
+@pytest.mark.parametrize(
+    "corrupt, match",
+    [
+        (lambda s: s.pop("worker"), "keys 'shared' and 'worker'"),
+        (lambda s: s["shared"].pop("ctr"), "unexpected fields"),
+        (lambda s: s["shared"].__setitem__("ctr", [1, 2]), "shared.ctr must be a list of 4 integers"),
+        (lambda s: s["worker"].__setitem__("seed", ["a", 0]), "worker.seed must be a list of 2 integers"),
+        (lambda s: s["worker"].__setitem__("generated", [True, 0, 0, 0]), "worker.generated"),
+    ],
+)
+def test_invalid_states_are_refused(corrupt, match: str) -> None:  # type: ignore[no-untyped-def]
+    state = seed_state(advanced(5))
+    corrupt(state)
+    with pytest.raises(InvalidCheckpointError, match=match):
+        check_seed_state(state)
+    with pytest.raises(InvalidCheckpointError):
+        load_seed_state(SeedGenerator(1), state)

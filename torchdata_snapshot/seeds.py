@@ -1,0 +1,80 @@
+"""The state of a ``SeedGenerator`` as plain data, and back.
+
+A checkpoint must not contain pickled objects, yet it has to record the seeds of the epoch in
+progress exactly. A ``SeedGenerator`` is two Philox engines (a shared stream and a per-process
+stream); each engine's state is a handful of integers (key, counter, cached draws, spawn key).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from torchdata.dataloader2.random import SeedGenerator
+
+from torchdata_snapshot.errors import InvalidCheckpointError
+
+__all__ = ["check_seed_state", "load_seed_state", "seed_state"]
+
+_ENGINES = (("shared", "_shared_rng"), ("worker", "_worker_rng"))
+_UINT64 = 2**64
+
+
+def _engine_state(engine: Any) -> Dict[str, Any]:
+    state = vars(engine)
+    generated = state["_generated_seeds"]
+    return {
+        "seed": [int(x) for x in state["_seed"]],
+        "ctr": [int(x) for x in state["_ctr"]],
+        "generated": None if generated is None else [int(x) for x in generated],
+        "spawn_seed": [int(x) for x in state["_spawn_seed"]],
+    }
+
+
+def seed_state(generator: SeedGenerator) -> Dict[str, Dict[str, Any]]:
+    """``generator``'s full state: ``{"shared": engine, "worker": engine}`` of ints and lists."""
+    return {key: _engine_state(getattr(generator, name)) for key, name in _ENGINES}
+
+
+def _ints(value: Any, length: Optional[int], where: str) -> List[int]:
+    if (
+        not isinstance(value, list)
+        or (length is not None and len(value) != length)
+        or not all(isinstance(x, int) and not isinstance(x, bool) and -_UINT64 < x < _UINT64 for x in value)
+    ):
+        raise InvalidCheckpointError(
+            f"seed state: {where} must be a list of {length or 'some'} integers, got {value!r}"
+        )
+    return value
+
+
+def check_seed_state(state: Any) -> Dict[str, Dict[str, Any]]:
+    """Validate the plain data of :func:`seed_state`; raise :class:`InvalidCheckpointError` if it is not."""
+    if not isinstance(state, dict) or set(state) != {"shared", "worker"}:
+        raise InvalidCheckpointError(f"seed state must have keys 'shared' and 'worker', got {state!r}")
+    for key, _ in _ENGINES:
+        engine_state = state[key]
+        if not isinstance(engine_state, dict) or set(engine_state) != {
+            "seed",
+            "ctr",
+            "generated",
+            "spawn_seed",
+        }:
+            raise InvalidCheckpointError(f"seed state {key!r} has unexpected fields: {engine_state!r}")
+        _ints(engine_state["seed"], 2, f"{key}.seed")
+        _ints(engine_state["ctr"], 4, f"{key}.ctr")
+        if engine_state["generated"] is not None:
+            _ints(engine_state["generated"], 4, f"{key}.generated")
+        _ints(engine_state["spawn_seed"], 2, f"{key}.spawn_seed")
+    return state
+
+
+def load_seed_state(generator: SeedGenerator, state: Any) -> None:
+    """Set ``generator`` (in place: DataLoader2 and other reading services hold it) to ``state``."""
+    check_seed_state(state)
+    for key, name in _ENGINES:
+        engine_state, engine = state[key], getattr(generator, name)
+        generated = engine_state["generated"]
+        engine._seed = tuple(engine_state["seed"])
+        engine._ctr = list(engine_state["ctr"])
+        engine._generated_seeds = None if generated is None else list(generated)
+        engine._spawn_seed = tuple(engine_state["spawn_seed"])
