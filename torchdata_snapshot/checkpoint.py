@@ -1,0 +1,267 @@
+"""The reading service's checkpoint: versioned plain data, built, validated and checked here.
+
+``MultiProcessingReadingService.checkpoint()`` returns a ``dict`` of ints, strings, bools, lists
+and dicts only (no pickled object of ours), so that it survives ``torch.save``/``torch.load``
+(also with ``weights_only=True``) and ``pickle``, and loading it runs no code. Its size does not
+grow with the position in the epoch: it holds counters, seeds and digests, never data.
+
+Keys (``Checkpoint.to_plain()``)::
+
+    format        "torchdata_snapshot.MultiProcessingReadingService"
+    version       FORMAT_VERSION (an int; other versions are refused with a clear error)
+    num_workers   the number of workers the state was taken with
+    fingerprint   digest of the pipeline's structure (see ``graph_fingerprint``)
+    epoch         number of the epoch the state belongs to (-1 before the first)
+    status        "idle" (no epoch started), "in_epoch", or "finished" (StopIteration reached the user)
+    seed          SeedGenerator state at the start of the epoch (``seeds.seed_state``), or None
+    delivered     items the user received in this epoch
+    replay_in_main  true when the main process replays ``delivered`` items itself (num_workers=0,
+                  or a main-process tail that is not one-to-one); the workers then restart at 0
+    mark          [position, digest] of an item the user received (main-process replay), or None
+    workers       per worker: {"delivered": items of its stream the user received,
+                               "mark": [position, digest] of one of them, or None}
+    next_worker   the worker the round-robin asks next
+    checksum      digest of all the above; any change to the state is detected
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from torchdata.dataloader2.graph import DataPipe, traverse_dps
+
+from torchdata_snapshot.errors import IncompatibleCheckpointError, InvalidCheckpointError
+from torchdata_snapshot.seeds import check_seed_state
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "Checkpoint", "Mark", "WorkerPosition", "graph_fingerprint"]
+
+FORMAT = "torchdata_snapshot.MultiProcessingReadingService"
+FORMAT_VERSION = 1
+
+STATUSES = ("idle", "in_epoch", "finished")
+
+#: ``(position, digest)``: the ``position``-th item (1-based) of a stream had this digest.
+Mark = Tuple[int, str]
+
+_DIGEST = re.compile(r"^[0-9a-f]{16}$")
+_KEYS = (
+    "format",
+    "version",
+    "num_workers",
+    "fingerprint",
+    "epoch",
+    "status",
+    "seed",
+    "delivered",
+    "replay_in_main",
+    "mark",
+    "workers",
+    "next_worker",
+    "checksum",
+)
+
+
+@dataclass(frozen=True)
+class WorkerPosition:
+    """How far the user got into one worker's stream: ``delivered`` items, one of them ``mark``ed."""
+
+    delivered: int = 0
+    mark: Optional[Mark] = None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The reading service's state; see the module docstring for the meaning of each field."""
+
+    num_workers: int
+    fingerprint: str
+    epoch: int = -1
+    status: str = "idle"
+    seed: Optional[Dict[str, Any]] = None
+    delivered: int = 0
+    replay_in_main: bool = False
+    mark: Optional[Mark] = None
+    workers: Tuple[WorkerPosition, ...] = field(default_factory=tuple)
+    next_worker: int = 0
+
+    def to_plain(self) -> Dict[str, Any]:
+        plain: Dict[str, Any] = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "num_workers": self.num_workers,
+            "fingerprint": self.fingerprint,
+            "epoch": self.epoch,
+            "status": self.status,
+            "seed": self.seed,
+            "delivered": self.delivered,
+            "replay_in_main": self.replay_in_main,
+            "mark": None if self.mark is None else list(self.mark),
+            "workers": [
+                {"delivered": w.delivered, "mark": None if w.mark is None else list(w.mark)}
+                for w in self.workers
+            ],
+            "next_worker": self.next_worker,
+        }
+        plain["checksum"] = _checksum(plain)
+        return plain
+
+    @classmethod
+    def from_plain(cls, state: Any) -> Checkpoint:
+        """Validate ``state`` against the schema; raise :class:`InvalidCheckpointError` naming the problem."""
+        if isinstance(state, (bytes, bytearray)):
+            raise InvalidCheckpointError(
+                "the reading-service state is bytes, not the plain dict that "
+                "MultiProcessingReadingService.checkpoint() returns: it was not taken with "
+                "torchdata_snapshot (or was taken with upstream's reading service)"
+            )
+        if not isinstance(state, dict):
+            raise InvalidCheckpointError(
+                f"the reading-service state must be a dict, got {type(state).__name__}"
+            )
+        if state.get("format") != FORMAT:
+            raise InvalidCheckpointError(
+                f"not a torchdata_snapshot checkpoint: format is {state.get('format')!r}, expected {FORMAT!r}"
+            )
+        version = state.get("version")
+        if version != FORMAT_VERSION:
+            raise InvalidCheckpointError(
+                f"the checkpoint has format version {version!r}; this torchdata_snapshot reads version "
+                f"{FORMAT_VERSION} only"
+            )
+        missing = [key for key in _KEYS if key not in state]
+        if missing:
+            raise InvalidCheckpointError(f"the checkpoint is truncated: missing {', '.join(missing)}")
+        extra = sorted(set(state) - set(_KEYS))
+        if extra:
+            raise InvalidCheckpointError(f"the checkpoint has unknown fields: {', '.join(map(str, extra))}")
+        if state["checksum"] != _checksum(state):
+            raise InvalidCheckpointError(
+                "the checkpoint's checksum does not match its content: it was modified or corrupted"
+            )
+        num_workers = _count(state, "num_workers")
+        workers = state["workers"]
+        if not isinstance(workers, list) or len(workers) != num_workers:
+            raise InvalidCheckpointError(f"'workers' must list {num_workers} positions, got {workers!r}")
+        positions = []
+        for i, w in enumerate(workers):
+            if not isinstance(w, dict) or set(w) != {"delivered", "mark"}:
+                raise InvalidCheckpointError(f"workers[{i}] must have 'delivered' and 'mark', got {w!r}")
+            positions.append(
+                WorkerPosition(_count(w, "delivered", f"workers[{i}]"), _mark(w["mark"], f"workers[{i}]"))
+            )
+        status = state["status"]
+        if status not in STATUSES:
+            raise InvalidCheckpointError(f"'status' must be one of {STATUSES}, got {status!r}")
+        epoch = state["epoch"]
+        if not _is_int(epoch) or epoch < -1:
+            raise InvalidCheckpointError(f"'epoch' must be an int >= -1, got {epoch!r}")
+        next_worker = _count(state, "next_worker")
+        if num_workers and next_worker >= num_workers:
+            raise InvalidCheckpointError(f"'next_worker' must be < num_workers, got {next_worker}")
+        if not isinstance(state["fingerprint"], str):
+            raise InvalidCheckpointError("'fingerprint' must be a string")
+        if not isinstance(state["replay_in_main"], bool):
+            raise InvalidCheckpointError("'replay_in_main' must be a bool")
+        seed = state["seed"]
+        if seed is not None:
+            check_seed_state(seed)
+        elif status == "in_epoch":
+            raise InvalidCheckpointError("a state taken in an epoch must record the epoch's seed")
+        return cls(
+            num_workers=num_workers,
+            fingerprint=state["fingerprint"],
+            epoch=epoch,
+            status=status,
+            seed=seed,
+            delivered=_count(state, "delivered"),
+            replay_in_main=state["replay_in_main"],
+            mark=_mark(state["mark"], "the state"),
+            workers=tuple(positions),
+            next_worker=next_worker,
+        )
+
+    def check_fits(self, num_workers: int, fingerprint: str) -> None:
+        """Raise :class:`IncompatibleCheckpointError` unless this state fits the given service."""
+        if self.num_workers != num_workers:
+            raise IncompatibleCheckpointError(
+                f"the checkpoint was taken with num_workers={self.num_workers}, this reading service has "
+                f"num_workers={num_workers}: each worker's position belongs to its shard, so the number of "
+                "workers cannot change on restore (prefetch counts and the start method can)"
+            )
+        if self.fingerprint != fingerprint:
+            raise IncompatibleCheckpointError(
+                f"the checkpoint was taken with another pipeline (structure fingerprint {self.fingerprint}, "
+                f"this one is {fingerprint}): restore it with the DataPipe graph it was taken with"
+            )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(state: Dict[str, Any], key: str, where: str = "the state") -> int:
+    value = state[key]
+    if not _is_int(value) or value < 0:
+        raise InvalidCheckpointError(f"{key!r} of {where} must be a non-negative int, got {value!r}")
+    return value
+
+
+def _mark(value: Any, where: str) -> Optional[Mark]:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, (list, tuple))
+        or len(value) != 2
+        or not _is_int(value[0])
+        or value[0] < 1
+        or not isinstance(value[1], str)
+        or not _DIGEST.match(value[1])
+    ):
+        raise InvalidCheckpointError(
+            f"the mark of {where} must be [position >= 1, 16 hex digits], got {value!r}"
+        )
+    return (value[0], value[1])
+
+
+def _checksum(state: Dict[str, Any]) -> str:
+    content = {key: value for key, value in state.items() if key != "checksum"}
+    encoded = json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.blake2b(encoded, digest_size=8).hexdigest()
+
+
+def _describe_node(dp: DataPipe) -> str:
+    cls = type(dp)
+    words = [f"{cls.__module__}.{cls.__qualname__}"]
+    for attribute in ("fn", "filter_fn"):
+        fn = getattr(dp, attribute, None)
+        if callable(fn):
+            name = getattr(fn, "__qualname__", type(fn).__qualname__)
+            words.append(f"{attribute}={getattr(fn, '__module__', '')}.{name}")
+    return " ".join(words)
+
+
+def graph_fingerprint(datapipe: DataPipe) -> str:
+    """A digest of the graph's structure: DataPipe types, their map/filter functions, the edges.
+
+    Two pipelines built by the same code have the same fingerprint; a pipeline with another
+    DataPipe, another function or another shape has another one. Parameters such as buffer
+    sizes and the data itself are not part of it.
+    """
+    seen: Dict[int, int] = {}
+    lines: List[str] = []
+
+    def visit(graph: Dict[int, Any], depth: int) -> None:
+        for dp_id, (dp, parents) in graph.items():
+            if dp_id in seen:
+                lines.append(f"{depth} ref {seen[dp_id]}")
+                continue
+            seen[dp_id] = len(seen)
+            lines.append(f"{depth} {_describe_node(dp)}")
+            visit(parents, depth + 1)
+
+    visit(traverse_dps(datapipe), 0)
+    return hashlib.blake2b("\n".join(lines).encode(), digest_size=8).hexdigest()
