@@ -15,7 +15,7 @@ that a batch can be bounded by bytes as well as by count.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 from torchdata._utils import ExceptionWrapper
 from torchdata.dataloader2.communication import messages as upstream
@@ -30,6 +30,9 @@ __all__ = [
     "LimitResponse",
     "PauseRequest",
     "PauseResponse",
+    "ReplayProgressResponse",
+    "ReplayRequest",
+    "ReplayResponse",
     "Request",
     "ResetEpochRequest",
     "ResetEpochResponse",
@@ -70,6 +73,39 @@ class ResetEpochResponse(Response):
     epoch: int
 
 
+@dataclass(frozen=True)
+class ReplayRequest(Request):
+    """Restore by deterministic replay: produce the first ``skip`` items of the (freshly reset)
+    epoch ``epoch`` and drop them; they never leave the process.
+
+    ``verify`` is a mark ``(position, digest)`` recorded by the checkpoint: the replayed item at
+    that position must have that digest, or the reply is a ``ReplayDivergenceError``. It is a
+    request of its own, sent after the dispatching process (if any) was reset too, because a
+    worker's replay may need dispatched items of the new epoch.
+    """
+
+    epoch: int
+    skip: int
+    verify: Optional[Tuple[int, str]] = None
+
+
+@dataclass(frozen=True)
+class ReplayResponse(Response):
+    """``replayed`` items were produced and dropped; streaming continues after them."""
+
+    epoch: int
+    replayed: int
+
+
+@dataclass(frozen=True)
+class ReplayProgressResponse(Response):
+    """Sent every second of a long replay, so that the main process's bounded wait for
+    ``ReplayResponse`` can tell a worker that replays from one that is stuck."""
+
+    epoch: int
+    replayed: int
+
+
 # --- data -----------------------------------------------------------------------------------
 
 
@@ -88,11 +124,13 @@ class GetNextRequest(Request):
 @dataclass(frozen=True)
 class ItemsResponse(Response):
     """``count`` items of epoch ``epoch``, in order, pickled one after the other into ``payload``
-    (see :class:`~torchdata_snapshot.channel.ItemEncoder`)."""
+    (see :class:`~torchdata_snapshot.channel.ItemEncoder`). ``mark`` is ``(position, digest)`` of
+    the batch's last item when replay verification is on (position counts from 1 in the epoch)."""
 
     epoch: int
     count: int
     payload: bytes
+    mark: Optional[Tuple[int, str]] = None
 
 
 @dataclass(frozen=True)

@@ -84,8 +84,9 @@ from torchdata.dataloader2.utils.dispatch import _DummyIterDataPipe, find_non_di
 from torchdata.dataloader2.utils.worker import process_reset_fn
 
 from torchdata_snapshot.channel import LIVENESS_CHECK_INTERVAL_S, Channel, Endpoint, ItemEncoder, ParentGone
+from torchdata_snapshot.digest import item_digest
 from torchdata_snapshot.dispatch import DispatchedSource, find_dispatched_sources
-from torchdata_snapshot.errors import ProtocolError
+from torchdata_snapshot.errors import ProtocolError, ReplayDivergenceError
 from torchdata_snapshot.messages import (
     ErrorResponse,
     GetNextRequest,
@@ -96,6 +97,9 @@ from torchdata_snapshot.messages import (
     LimitResponse,
     PauseRequest,
     PauseResponse,
+    ReplayProgressResponse,
+    ReplayRequest,
+    ReplayResponse,
     Request,
     ResetEpochRequest,
     ResetEpochResponse,
@@ -109,7 +113,10 @@ from torchdata_snapshot.messages import (
 from torchdata_snapshot.options import BatchingOptions
 from torchdata_snapshot.snapshot import WorkerSnapshot, capture_datapipe_states, graph_datapipes
 
-__all__ = ["WorkerLoop", "WorkerOptions", "prepare_worker_graph", "run_worker"]
+__all__ = ["REPLAY_HEARTBEAT_S", "WorkerLoop", "WorkerOptions", "prepare_worker_graph", "run_worker"]
+
+#: During a long replay, a worker tells the main process it is alive this often.
+REPLAY_HEARTBEAT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,7 @@ class WorkerOptions:
     custom_init_fn: Optional[Callable[[DataPipe, WorkerInfo], DataPipe]] = None
     custom_reset_fn: Optional[Callable[..., DataPipe]] = None
     batching: BatchingOptions = BatchingOptions()
+    verify_replay: bool = True
 
 
 def _handles(request_type: Type[Request]) -> Callable[[Callable], Callable]:
@@ -167,6 +175,7 @@ class WorkerLoop:
         self.paused = False
         self.terminated = False
         self._item_time_s = 0.0  # moving average of the time to produce one item
+        self._last_item: Any = None  # the last item added to the batch being built
         self._graph: List[Tuple[str, DataPipe]] = graph_datapipes(datapipe) if init_error is None else []
         self._sources: List[DispatchedSource] = (
             find_dispatched_sources(datapipe) if init_error is None else []
@@ -229,6 +238,7 @@ class WorkerLoop:
             self._item_time_s = 0.75 * self._item_time_s + 0.25 * (now - before)
             try:
                 self.encoder.add(item)
+                self._last_item = item
             except Exception:
                 where = f"in {self.name} while pickling item {self.produced} of epoch {self.epoch}"
                 self._end_stream(WorkerExceptionResponse(ExceptionWrapper(where=where)))
@@ -246,7 +256,11 @@ class WorkerLoop:
     def _flush(self) -> None:
         if self.encoder.count:
             count, payload = self.encoder.take()
-            self.endpoint.send(ItemsResponse(self.epoch, count, payload))
+            # One digest per message (of its last item) lets a restore verify its replay at
+            # a recent position for the cost of one digest per batch.
+            mark = (self.sent + count, item_digest(self._last_item)) if self.options.verify_replay else None
+            self._last_item = None
+            self.endpoint.send(ItemsResponse(self.epoch, count, payload, mark))
             self.sent += count
 
     def _end_stream(self, response: Any) -> None:
@@ -300,6 +314,46 @@ class WorkerLoop:
         self.exhausted = False
         self.iterator = iter(self.datapipe)
         self.endpoint.send(ResetEpochResponse(self.epoch))
+
+    @_handles(ReplayRequest)
+    def _on_replay(self, request: ReplayRequest) -> None:
+        if request.epoch != self.epoch or self.produced or self.iterator is None:
+            raise ProtocolError(
+                f"{self.name}: a replay must directly follow the reset of epoch {request.epoch}"
+            )
+        self._replay(request.skip, request.verify)
+        self.endpoint.send(ReplayResponse(self.epoch, request.skip))
+
+    def _replay(self, skip: int, verify: Optional[Tuple[int, str]]) -> None:
+        """Produce and drop the ``skip`` items the user received before the checkpoint.
+
+        They never leave this process. The item at ``verify``'s position must have its digest,
+        otherwise the pipeline is not deterministic and continuing would hand out other data.
+        """
+        heartbeat = time.monotonic() + REPLAY_HEARTBEAT_S
+        for position in range(1, skip + 1):
+            try:
+                item = next(self.iterator)  # type: ignore[arg-type]
+            except StopIteration:
+                self.iterator = None
+                raise ReplayDivergenceError(
+                    f"{self.name}: the replayed stream of epoch {self.epoch} ended after {position - 1} "
+                    f"items, but the checkpoint says the user had received {skip} of them: the pipeline "
+                    "is not deterministic"
+                ) from None
+            if verify is not None and position == verify[0] and self.options.verify_replay:
+                digest = item_digest(item)
+                if digest != verify[1]:
+                    self.iterator = None
+                    raise ReplayDivergenceError(
+                        f"{self.name}: item {position} of epoch {self.epoch} replayed with digest {digest}, "
+                        f"but the checkpoint recorded {verify[1]}: the pipeline is not deterministic (a file "
+                        "changed? an unseeded random source?); pass verify_replay=False to continue anyway"
+                    )
+            if time.monotonic() >= heartbeat:
+                self.endpoint.send(ReplayProgressResponse(self.epoch, position))
+                heartbeat = time.monotonic() + REPLAY_HEARTBEAT_S
+        self.produced = self.sent = skip
 
     @_handles(GetNextRequest)
     def _on_get_next(self, request: GetNextRequest) -> None:

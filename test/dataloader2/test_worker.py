@@ -9,7 +9,8 @@ from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
 
 from torchdata_snapshot import messages as m
 from torchdata_snapshot.channel import ItemDecoder, make_pipe_pair
-from torchdata_snapshot.errors import ProtocolError, StateCaptureError
+from torchdata_snapshot.digest import item_digest
+from torchdata_snapshot.errors import ProtocolError, ReplayDivergenceError, StateCaptureError
 from torchdata_snapshot.options import BatchingOptions
 from torchdata_snapshot.worker import WorkerLoop, WorkerOptions
 
@@ -19,13 +20,13 @@ def serve(
     requests: List[Any],
     batching: BatchingOptions = BatchingOptions(),
     init_error: Optional[Any] = None,
+    verify_replay: bool = True,
 ) -> List[Any]:
     """Send ``requests`` one by one (then a terminate), letting the loop finish the work of each
     before the next; return the responses."""
     channel, endpoint, _ = make_pipe_pair()
-    loop = WorkerLoop(
-        datapipe, endpoint, WorkerInfo(1, 0), options=WorkerOptions(batching=batching), init_error=init_error
-    )
+    options = WorkerOptions(batching=batching, verify_replay=verify_replay)
+    loop = WorkerLoop(datapipe, endpoint, WorkerInfo(1, 0), options=options, init_error=init_error)
     for request in [*requests, m.TerminateRequest()]:
         channel.send(request)
         loop.run_until_idle()
@@ -303,10 +304,73 @@ def test_the_loop_exits_when_the_parent_is_gone() -> None:
     WorkerLoop(IterableWrapper(range(3)), endpoint, WorkerInfo(1, 0)).run()  # returns instead of hanging
 
 
+# --- restore by replay ----------------------------------------------------------------------------
+
+
+def test_a_replay_drops_the_first_items_then_streams_the_rest() -> None:
+    dp = Counting(IterableWrapper(range(10)))
+    responses = serve(dp, [reset(), m.ReplayRequest(0, 4), m.GetNextRequest(0, 3), m.GetStateRequest()])
+    assert responses[1] == m.ReplayResponse(0, 4)
+    assert items_of(responses) == [4, 5, 6], "the replayed items never leave the worker"
+    snap = responses[-1].snapshot
+    assert (snap.produced, snap.sent, snap.buffered) == (7, 7, 0)
+    assert dp.pulled == 7
+
+
+def test_the_mark_of_a_batch_is_its_last_item_with_its_position() -> None:
+    responses = serve(
+        IterableWrapper(range(10)), [reset(), m.GetNextRequest(0, 5)], BatchingOptions(max_items=2)
+    )
+    marks = [r.mark for r in responses if isinstance(r, m.ItemsResponse)]
+    assert marks == [(2, item_digest(1)), (4, item_digest(3)), (5, item_digest(4))]
+    off = serve(IterableWrapper(range(3)), [reset(), m.GetNextRequest(0, 3)], verify_replay=False)
+    assert [r.mark for r in off if isinstance(r, m.ItemsResponse)] == [None]
+
+
+def test_a_replay_is_checked_against_the_recorded_digest() -> None:
+    good = serve(IterableWrapper(range(10)), [reset(), m.ReplayRequest(0, 5, (3, item_digest(2)))])
+    assert good[1] == m.ReplayResponse(0, 5)
+    bad = serve(IterableWrapper(range(10)), [reset(), m.ReplayRequest(0, 5, (3, item_digest(99)))])
+    assert isinstance(bad[1], m.ErrorResponse)
+    with pytest.raises(
+        ReplayDivergenceError, match="item 3 of epoch 0 replayed with digest .* not deterministic"
+    ):
+        bad[1].exc.reraise()
+    unchecked = serve(
+        IterableWrapper(range(10)),
+        [reset(), m.ReplayRequest(0, 5, (3, item_digest(99)))],
+        verify_replay=False,
+    )
+    assert unchecked[1] == m.ReplayResponse(0, 5), "verify_replay=False turns the check off"
+
+
+def test_a_replay_past_the_end_of_the_stream_is_a_divergence() -> None:
+    responses = serve(IterableWrapper(range(3)), [reset(), m.ReplayRequest(0, 5)])
+    with pytest.raises(
+        ReplayDivergenceError, match="ended after 3 items, but the checkpoint says .* received 5"
+    ):
+        responses[1].exc.reraise()
+
+
+def test_a_long_replay_reports_progress(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchdata_snapshot import worker
+
+    monkeypatch.setattr(worker, "REPLAY_HEARTBEAT_S", 0.0)
+    responses = serve(IterableWrapper(range(10)), [reset(), m.ReplayRequest(0, 3)])
+    assert responses[1:] == [m.ReplayProgressResponse(0, i) for i in (1, 2, 3)] + [m.ReplayResponse(0, 3)]
+
+
+def test_a_replay_must_follow_a_reset() -> None:
+    responses = serve(IterableWrapper(range(10)), [reset(), m.GetNextRequest(0, 2), m.ReplayRequest(0, 3)])
+    with pytest.raises(ProtocolError, match="a replay must directly follow the reset"):
+        responses[-1].exc.reraise()
+
+
 def test_handlers_table_covers_every_request_the_main_process_sends() -> None:
     served = set(WorkerLoop.HANDLERS)
     assert served == {
         m.ResetEpochRequest,
+        m.ReplayRequest,
         m.GetNextRequest,
         m.PauseRequest,
         m.ResumeRequest,
