@@ -17,6 +17,7 @@ from torchdata._utils import ExceptionWrapper
 from torchdata.dataloader2.graph import DataPipe
 
 from torchdata_snapshot.channel import Channel, ItemDecoder
+from torchdata_snapshot.checkpoint import Mark, WorkerPosition
 from torchdata_snapshot.errors import ProtocolError, ReadingServiceClosedError
 from torchdata_snapshot.messages import (
     ErrorResponse,
@@ -28,6 +29,9 @@ from torchdata_snapshot.messages import (
     LimitResponse,
     PauseRequest,
     PauseResponse,
+    ReplayProgressResponse,
+    ReplayRequest,
+    ReplayResponse,
     ResetEpochRequest,
     ResetEpochResponse,
     ResumeRequest,
@@ -100,6 +104,14 @@ class WorkerConsumer(IterDataPipe):
         self.granted = [0] * self.num_workers
         self.exhausted = [True] * self.num_workers  # nothing to read before the first epoch
         self.next_worker = 0
+        # Replay verification: the marks (position, digest) of each worker's batches not yet
+        # behind the user's position, and the latest one at or behind it.
+        self.marks: List[Deque[Mark]] = [deque() for _ in self.channels]
+        self.best_marks: List[Optional[Mark]] = [None] * self.num_workers
+        # Set by the reading service when the user's position in each stream is tracked:
+        # every item handed downstream pushes its worker id (see Outlet).
+        self.handoff: Optional[Deque[int]] = None
+        self.user_position: Optional[List[int]] = None
 
     # DataPipe graph traversal pickles DataPipes to find their parents: this one has none, and
     # its pipes and processes must never be pickled.
@@ -143,6 +155,8 @@ class WorkerConsumer(IterDataPipe):
                 self.delivered[worker_id] += 1
                 self.next_worker = (worker_id + 1) % self.num_workers
                 self._top_up(worker_id)
+                if self.handoff is not None:
+                    self.handoff.append(worker_id)
                 return item
 
     def _top_up(self, worker_id: int) -> None:
@@ -160,6 +174,10 @@ class WorkerConsumer(IterDataPipe):
             if response.epoch == self.epoch:
                 self.buffers[worker_id].extend(items)
                 self.received[worker_id] += response.count
+                if response.mark is not None:
+                    self.marks[worker_id].append(response.mark)
+                    if self.user_position is not None:
+                        self.position_mark(worker_id, self.user_position[worker_id])
             return None
         if isinstance(response, StopIterationResponse):
             if response.epoch == self.epoch:
@@ -184,6 +202,8 @@ class WorkerConsumer(IterDataPipe):
                 continue
             if isinstance(response, expected):
                 return response
+            if isinstance(response, ReplayProgressResponse):
+                continue  # a long replay, alive: the bounded wait starts again
             if isinstance(response, ErrorResponse):
                 response.exc.reraise()
             raise ProtocolError(
@@ -207,16 +227,12 @@ class WorkerConsumer(IterDataPipe):
             raise ReadingServiceClosedError("the reading service was shut down; its workers are gone")
 
     def reset_epoch(
-        self,
-        epoch: int,
-        seed_generators: Sequence[Any],
-        iter_reset_fn: Optional[Callable],
-        start: bool = True,
+        self, epoch: int, seed_generators: Sequence[Any], iter_reset_fn: Optional[Callable]
     ) -> None:
         """Reset every worker to ``epoch``; everything still in flight from before is dropped.
 
-        The workers produce nothing until :meth:`start_epoch` grants them credit (called here
-        unless ``start=False``, which lets the dispatching process be reset in between).
+        The workers produce nothing until :meth:`start_epoch` grants them credit, so that the
+        dispatching process (if any) can be reset, and a restore replayed, in between.
         """
         with self.lock:
             self._check_open()
@@ -224,19 +240,41 @@ class WorkerConsumer(IterDataPipe):
             self.request_all(
                 lambda i: ResetEpochRequest(epoch, seed_generators[i], iter_reset_fn), ResetEpochResponse
             )
-            for worker_id in range(self.num_workers):
-                self.buffers[worker_id].clear()
-                self.received[worker_id] = self.delivered[worker_id] = self.granted[worker_id] = 0
-                self.exhausted[worker_id] = False
-            self.next_worker = 0
-            if start:
-                self.start_epoch()
+            self._set_positions([WorkerPosition()] * self.num_workers, next_worker=0)
+
+    def replay(self, positions: Sequence[WorkerPosition], next_worker: int) -> None:
+        """Restore: worker ``i`` replays (and drops) the ``positions[i].delivered`` items the user
+        already had, checking its mark; the round-robin resumes at ``next_worker``. Workers
+        whose stream had ended are found again on the way, at the same places."""
+        with self.lock:
+            self.request_all(
+                lambda i: ReplayRequest(self.epoch, positions[i].delivered, positions[i].mark), ReplayResponse
+            )
+            self._set_positions(positions, next_worker)
+
+    def _set_positions(self, positions: Sequence[WorkerPosition], next_worker: int) -> None:
+        for worker_id, position in enumerate(positions):
+            self.buffers[worker_id].clear()
+            self.marks[worker_id].clear()
+            self.best_marks[worker_id] = position.mark
+            done = position.delivered
+            self.received[worker_id] = self.delivered[worker_id] = self.granted[worker_id] = done
+            self.exhausted[worker_id] = False
+        self.next_worker = next_worker
 
     def start_epoch(self) -> None:
         """Grant every worker its first credit window: production of the epoch starts."""
         with self.lock:
             for worker_id in range(self.num_workers):
                 self._top_up(worker_id)
+
+    def position_mark(self, worker_id: int, position: int) -> Optional[Mark]:
+        """The latest mark of worker ``worker_id``'s stream at or before ``position``."""
+        with self.lock:
+            marks = self.marks[worker_id]
+            while marks and marks[0][0] <= position:
+                self.best_marks[worker_id] = marks.popleft()
+            return self.best_marks[worker_id]
 
     def request_pause(self, pause_fn: Optional[Callable[[DataPipe], DataPipe]] = None) -> None:
         self.request_all(lambda i: PauseRequest(pause_fn), PauseResponse)

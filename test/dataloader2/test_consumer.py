@@ -1,7 +1,7 @@
 """WorkerConsumer: round-robin order, credit, exact counts, epochs — workers run as threads."""
 
 import threading
-from typing import Any, Iterator, List, Sequence
+from typing import Any, Iterator, List, Sequence, Tuple
 
 import pytest
 from torchdata.dataloader2.random import SeedGenerator
@@ -9,6 +9,7 @@ from torchdata.dataloader2.utils import WorkerInfo
 from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
 
 from torchdata_snapshot.channel import make_pipe_pair
+from torchdata_snapshot.checkpoint import WorkerPosition
 from torchdata_snapshot.consumer import WorkerConsumer, credit_window
 from torchdata_snapshot.errors import ReadingServiceClosedError
 from torchdata_snapshot.options import BatchingOptions
@@ -18,11 +19,17 @@ from torchdata_snapshot.worker import WorkerLoop, WorkerOptions
 class Running:
     """A consumer over in-process worker loops, each running in its own thread."""
 
-    def __init__(self, datapipes: Sequence[IterDataPipe], window: int = 3, max_items: int = 64) -> None:
+    def __init__(
+        self,
+        datapipes: Sequence[IterDataPipe],
+        window: int = 3,
+        max_items: int = 64,
+        max_delay_s: float = 0.001,
+    ) -> None:
         channels, self.loops, self.threads = [], [], []
         for worker_id, dp in enumerate(datapipes):
             channel, endpoint, _ = make_pipe_pair()
-            options = WorkerOptions(batching=BatchingOptions(max_items=max_items))
+            options = WorkerOptions(batching=BatchingOptions(max_items=max_items, max_delay_s=max_delay_s))
             loop = WorkerLoop(dp, endpoint, WorkerInfo(len(datapipes), worker_id), options=options)
             thread = threading.Thread(target=loop.run, daemon=True)
             thread.start()
@@ -36,6 +43,7 @@ class Running:
         self.epoch += 1
         seeds = [SeedGenerator(seed).spawn(i) for i in range(len(self.loops))]
         self.consumer.reset_epoch(self.epoch, seeds, None)
+        self.consumer.start_epoch()
         return iter(self.consumer)
 
     def close(self) -> None:
@@ -181,3 +189,48 @@ def test_the_consumer_is_a_leaf_for_graph_traversal(running) -> None:  # type: i
     ((_, (_, parents)),) = graph.items()
     ((_, (consumer, grand_parents)),) = parents.items()
     assert consumer is r.consumer and grand_parents == {}
+
+
+# --- restore ------------------------------------------------------------------------------------
+
+
+def positions_after(streams: Sequence[Sequence[Any]], k: int) -> Tuple[List[WorkerPosition], int]:
+    """Where the round-robin over ``streams`` stands after handing out ``k`` items."""
+    order = [worker_id for worker_id, _ in round_robin([[(i, x) for x in s] for i, s in enumerate(streams)])]
+    taken = order[:k]
+    delivered = [taken.count(i) for i in range(len(streams))]
+    next_worker = (taken[-1] + 1) % len(streams) if taken else 0
+    return [WorkerPosition(d) for d in delivered], next_worker
+
+
+@pytest.mark.parametrize("k", [0, 1, 4, 9, 12, 13])
+def test_a_replayed_restore_continues_the_order_exactly(running, k: int) -> None:  # type: ignore[no-untyped-def]
+    streams = [list(range(0, 6)), list(range(100, 102)), list(range(200, 205))]
+    expected = round_robin(streams)
+    r = running([IterableWrapper(s) for s in streams], window=2, max_items=2)
+    positions, next_worker = positions_after(streams, k)
+    r.epoch += 1
+    r.consumer.reset_epoch(r.epoch, [SeedGenerator(0)] * 3, None)
+    r.consumer.replay(positions, next_worker)
+    r.consumer.start_epoch()
+    assert list(r.consumer) == expected[k:]
+
+
+def test_the_handoff_names_the_worker_of_every_item(running) -> None:  # type: ignore[no-untyped-def]
+    from collections import deque
+
+    r = running([IterableWrapper([1, 2, 3]), IterableWrapper([10])])
+    r.consumer.handoff = deque()
+    assert list(r.start_epoch()) == [1, 10, 2, 3]
+    assert list(r.consumer.handoff) == [0, 1, 0, 0]
+
+
+def test_marks_give_the_latest_verified_position_behind_the_user(running) -> None:  # type: ignore[no-untyped-def]
+    from torchdata_snapshot.digest import item_digest
+
+    r = running([IterableWrapper(range(10))], window=16, max_items=3, max_delay_s=60)  # batches of 3
+    assert list(r.start_epoch()) == list(range(10))
+    assert r.consumer.position_mark(0, 2) is None
+    assert r.consumer.position_mark(0, 5) == (3, item_digest(2))
+    assert r.consumer.position_mark(0, 7) == (6, item_digest(5))
+    assert r.consumer.position_mark(0, 10) == (10, item_digest(9))
