@@ -1,0 +1,60 @@
+"""Global random state that belongs to an in-process pipeline, not to the training loop.
+
+With workers, DataLoader2 seeds ``random``, ``torch`` and ``numpy`` inside each worker process,
+so map functions that use these global RNGs are reproducible. With ``num_workers=0`` the
+pipeline shares the main process's global RNGs with the training loop (dropout, weight init,
+...): whatever the loop draws between two items changes the data, and a restored run, whose
+loop drew differently, cannot replay the same items. Upstream left this as a TODO
+("add a method to isolate global RNGs").
+
+:class:`IsolatedRNG` keeps the pipeline's own copy of the three global states: every step of
+the pipeline runs inside :meth:`IsolatedRNG.active`, which swaps the pipeline's states in and
+the caller's states back out, so neither side sees the other's draws.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, Tuple
+
+import torch
+
+__all__ = ["IsolatedRNG"]
+
+
+def _capture() -> Tuple[Any, Any, Any]:
+    numpy = sys.modules.get("numpy")
+    return (
+        random.getstate(),
+        torch.get_rng_state(),
+        None if numpy is None else numpy.random.get_state(),
+    )
+
+
+def _install(state: Tuple[Any, Any, Any]) -> None:
+    python_state, torch_state, numpy_state = state
+    random.setstate(python_state)
+    torch.set_rng_state(torch_state)
+    if numpy_state is not None:
+        sys.modules["numpy"].random.set_state(numpy_state)
+
+
+class IsolatedRNG:
+    """The pipeline's ``random``/``torch``/``numpy`` global states, swapped in around each step."""
+
+    def __init__(self) -> None:
+        self._state: Optional[Tuple[Any, Any, Any]] = None
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Run the block with the pipeline's global RNG states; the caller's are restored after."""
+        callers = _capture()
+        if self._state is not None:
+            _install(self._state)
+        try:
+            yield
+        finally:
+            self._state = _capture()
+            _install(callers)
