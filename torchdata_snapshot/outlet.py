@@ -1,43 +1,117 @@
 """``Outlet``: the last DataPipe of the adapted graph, where items reach the user.
 
-The reading service needs to know exactly how many items the *user* has received this epoch,
-and whether the epoch ended (``StopIteration`` was raised to the user). Everything upstream of
-the outlet may run ahead (prefetching, threads); the outlet counts only what was handed out.
+A checkpoint describes what the *user* has received, not what the processes produced: with
+prefetching, everything upstream of the outlet runs ahead. The outlet counts what it hands out,
+notes when ``StopIteration`` reached the user, and keeps the position in each worker's stream
+that the user reached:
+
+* the :class:`~torchdata_snapshot.consumer.WorkerConsumer` pushes the worker id of every item it
+  hands downstream into ``handoff``; when the main-process tail is one-to-one (no tail, or
+  ``map``, ``fullsync``, ``prefetch``, ``pin_memory``) the outlet pops one id per item it hands
+  to the user, so ``worker_delivered[i]`` is exactly how far the user got into worker ``i``'s
+  stream, whatever the tail buffers;
+* otherwise (``num_workers=0``, or a tail that batches or filters) positions in the workers'
+  streams cannot be told from the user's count, and a restore replays the epoch *in the main
+  process*: the outlet drops the first ``skip`` items of the resumed epoch before handing any out.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from collections import deque
+from typing import Any, Deque, Iterator, List, Optional
 
 from torch.utils.data import IterDataPipe
 from torchdata.dataloader2.graph import DataPipe
 
-__all__ = ["Outlet"]
+from torchdata_snapshot.checkpoint import Mark
+from torchdata_snapshot.digest import item_digest
+from torchdata_snapshot.errors import ReplayDivergenceError
+from torchdata_snapshot.rng import IsolatedRNG
+
+__all__ = ["MARK_EVERY", "Outlet"]
+
+#: In main-process replay mode, every MARK_EVERY-th item the user receives is digested, so that
+#: a restore can check the replayed stream against it.
+MARK_EVERY = 64
 
 
 class Outlet(IterDataPipe):
-    """Counting pass-through at the end of the graph.
+    """Counting pass-through at the end of the graph (see the module docstring).
 
-    ``delivered`` is the number of items handed to the user in the current epoch and
-    ``finished`` becomes true once ``StopIteration`` reached the user.
+    Attributes (current epoch): ``delivered`` items handed to the user; ``finished`` once
+    ``StopIteration`` reached the user; ``worker_delivered`` / ``last_worker`` the user's position
+    in the workers' streams (when positions are tracked); ``mark`` a digest of a delivered item
+    (main-process replay mode, when verification is on).
     """
 
-    def __init__(self, source_datapipe: DataPipe) -> None:
+    def __init__(
+        self, source_datapipe: DataPipe, num_workers: int = 0, track_positions: bool = False
+    ) -> None:
         self.source_datapipe = source_datapipe
+        self.track_positions = track_positions
+        self.handoff: Deque[int] = deque()
+        self.worker_delivered: List[int] = [0] * num_workers
+        self.last_worker = -1
         self.epoch = -1
         self.delivered = 0
         self.finished = False
+        self.verify = False
+        self.mark: Optional[Mark] = None
+        self.rng: Optional[IsolatedRNG] = None
+        self._skip = 0
+        self._skip_mark: Optional[Mark] = None
 
-    def start_epoch(self, epoch: int) -> None:
+    def start_epoch(
+        self,
+        epoch: int,
+        *,
+        delivered: int = 0,
+        worker_delivered: Optional[List[int]] = None,
+        last_worker: int = -1,
+        skip: int = 0,
+        skip_mark: Optional[Mark] = None,
+    ) -> None:
+        """Reset the counters for ``epoch``; a restore resumes them from the checkpoint.
+
+        With tracked positions, a restore passes ``delivered``, ``worker_delivered`` and
+        ``last_worker``. In main-process replay mode it passes ``skip``: that many items are
+        replayed and dropped here before the first one reaches the user, the ``skip_mark``-ed
+        one checked against its digest.
+        """
         self.epoch = epoch
-        self.delivered = 0
         self.finished = False
+        self.handoff.clear()
+        # In place: the consumer holds this list to trim its marks.
+        self.worker_delivered[:] = worker_delivered if worker_delivered else [0] * len(self.worker_delivered)
+        self.last_worker = last_worker
+        self.delivered = skip if skip else delivered
+        self.mark = skip_mark
+        self._skip, self._skip_mark = skip, skip_mark
 
     def __iter__(self) -> Iterator[Any]:
         return _OutletIterator(self, iter(self.source_datapipe), self.epoch)
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)
+        return len(self.source_datapipe)  # type: ignore[arg-type]
+
+    def _replay(self, source: Iterator[Any]) -> None:
+        """Drop the ``skip`` items the user already received before the checkpoint."""
+        skip, mark, self._skip = self._skip, self._skip_mark, 0
+        for position in range(1, skip + 1):
+            try:
+                item = next(source)
+            except StopIteration:
+                raise ReplayDivergenceError(
+                    f"the replayed epoch ended after {position - 1} items, but the checkpoint says the user "
+                    f"had received {skip}: the pipeline is not deterministic"
+                ) from None
+            if self.verify and mark is not None and position == mark[0] and item_digest(item) != mark[1]:
+                raise ReplayDivergenceError(
+                    f"item {position} of the replayed epoch differs from the one the user received "
+                    f"before the checkpoint (digest {item_digest(item)}, recorded {mark[1]}): the "
+                    "pipeline is not deterministic; pass verify_replay=False to continue anyway"
+                )
+        self.delivered = skip
 
 
 class _OutletIterator:
@@ -53,13 +127,27 @@ class _OutletIterator:
 
     def __next__(self) -> Any:
         outlet = self.outlet
+        if outlet.rng is None:
+            return self._next(outlet)
+        with outlet.rng.active():
+            return self._next(outlet)
+
+    def _next(self, outlet: Outlet) -> Any:
         if self.source is None or outlet.epoch != self.epoch:
             raise StopIteration
         try:
+            if outlet._skip:
+                outlet._replay(self.source)
             item = next(self.source)
         except StopIteration:
             outlet.finished = True
             self.source = None
             raise
         outlet.delivered += 1
+        if outlet.track_positions:
+            worker_id = outlet.handoff.popleft()
+            outlet.worker_delivered[worker_id] += 1
+            outlet.last_worker = worker_id
+        elif outlet.verify and outlet.delivered % MARK_EVERY == 0:
+            outlet.mark = (outlet.delivered, item_digest(item))
         return item

@@ -1,0 +1,117 @@
+"""Outlet: what the user received, its position in the workers' streams, main-process replay."""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from typing import Any, Iterator, List
+
+import pytest
+from torch.utils.data import IterDataPipe
+from torchdata.datapipes.iter import IterableWrapper
+
+from torchdata_snapshot.digest import item_digest
+from torchdata_snapshot.errors import ReplayDivergenceError
+from torchdata_snapshot.outlet import MARK_EVERY, Outlet
+from torchdata_snapshot.rng import IsolatedRNG
+
+
+class Tagged(IterDataPipe):
+    """Stands in for the consumer: yields items and pushes their worker id into the hand-off."""
+
+    def __init__(self, items: List[int], handoff: Any) -> None:
+        self.items = items
+        self.handoff = handoff
+
+    def __iter__(self) -> Iterator[int]:
+        for x in self.items:
+            self.handoff.append(x % 2)
+            yield x
+
+
+def test_counts_what_the_user_received_and_the_end_of_the_epoch() -> None:
+    outlet = Outlet(IterableWrapper(range(3)))
+    outlet.start_epoch(0)
+    it = iter(outlet)
+    assert next(it) == 0 and (outlet.delivered, outlet.finished) == (1, False)
+    assert list(it) == [1, 2] and (outlet.delivered, outlet.finished) == (3, True)
+
+
+def test_tracks_the_users_position_in_each_worker_stream() -> None:
+    outlet = Outlet(IterableWrapper([]), num_workers=2, track_positions=True)
+    outlet.source_datapipe = Tagged([0, 1, 2, 4, 3], outlet.handoff)
+    outlet.start_epoch(0)
+    it = iter(outlet)
+    assert [next(it) for _ in range(4)] == [0, 1, 2, 4]
+    assert outlet.worker_delivered == [3, 1] and outlet.last_worker == 0
+
+
+def test_a_restored_position_is_kept_in_place() -> None:
+    outlet = Outlet(IterableWrapper([]), num_workers=2, track_positions=True)
+    shared = outlet.worker_delivered
+    outlet.start_epoch(1, delivered=5, worker_delivered=[3, 2], last_worker=0)
+    assert outlet.worker_delivered is shared and shared == [3, 2]
+    assert (outlet.delivered, outlet.last_worker) == (5, 0)
+
+
+def test_main_process_replay_drops_the_items_the_user_had() -> None:
+    outlet = Outlet(IterableWrapper(range(10)))
+    outlet.verify = True
+    outlet.start_epoch(2, skip=4, skip_mark=(3, item_digest(2)))
+    assert outlet.delivered == 4, "the position is the checkpoint's before the replay ran"
+    assert list(outlet) == [4, 5, 6, 7, 8, 9]
+    assert outlet.delivered == 10
+
+
+def test_a_diverging_main_process_replay_is_refused() -> None:
+    outlet = Outlet(IterableWrapper(range(10)))
+    outlet.verify = True
+    outlet.start_epoch(0, skip=4, skip_mark=(3, item_digest("something else")))
+    with pytest.raises(ReplayDivergenceError, match="item 3 of the replayed epoch differs"):
+        next(iter(outlet))
+    short = Outlet(IterableWrapper(range(2)))
+    short.start_epoch(0, skip=4)
+    with pytest.raises(ReplayDivergenceError, match="ended after 2 items"):
+        next(iter(short))
+
+
+def test_marks_every_few_items_in_replay_mode() -> None:
+    outlet = Outlet(IterableWrapper(range(3 * MARK_EVERY)))
+    outlet.verify = True
+    outlet.start_epoch(0)
+    it = iter(outlet)
+    for _ in range(2 * MARK_EVERY + 1):
+        next(it)
+    assert outlet.mark == (2 * MARK_EVERY, item_digest(2 * MARK_EVERY - 1))
+
+
+def _draw(x: int) -> Any:
+    return (x, random.random())
+
+
+def test_steps_run_with_the_pipelines_own_global_rng() -> None:
+    def run(user_draws: int) -> List[Any]:
+        outlet = Outlet(IterableWrapper(range(4)).map(_draw))
+        outlet.rng = IsolatedRNG()
+        with outlet.rng.active():
+            random.seed(11)
+        outlet.start_epoch(0)
+        got = []
+        for item in outlet:
+            got.append(item)
+            for _ in range(user_draws):
+                random.random()
+        return got
+
+    assert run(0) == run(3)
+
+
+def test_an_iterator_of_an_older_epoch_is_over() -> None:
+    outlet = Outlet(IterableWrapper(range(5)))
+    outlet.start_epoch(0)
+    old = iter(outlet)
+    next(old)
+    outlet.start_epoch(1)
+    with pytest.raises(StopIteration):
+        next(old)
+    assert deque(iter(outlet)) == deque(range(5))
