@@ -92,7 +92,7 @@ class Outlet(IterDataPipe):
         return _OutletIterator(self, iter(self.source_datapipe), self.epoch)
 
     def __len__(self) -> int:
-        return len(self.source_datapipe)  # type: ignore[arg-type]
+        return len(self.source_datapipe)
 
     def _replay(self, source: Iterator[Any]) -> None:
         """Drop the ``skip`` items the user already received before the checkpoint."""

@@ -9,19 +9,24 @@ NOTE [ Snapshot protocol ] (:mod:`torchdata_snapshot.worker`).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch.multiprocessing as mp
+from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
 from torchdata.dataloader2 import reading_service as upstream
-from torchdata.dataloader2.graph import DataPipe, replace_dp, set_graph_random_seed, traverse_dps
+from torchdata.dataloader2.graph import DataPipe, list_dps, replace_dp, set_graph_random_seed, traverse_dps
 from torchdata.dataloader2.graph._serialization import attach_wrapper
 from torchdata.dataloader2.graph.utils import _find_replicable_branches
 from torchdata.dataloader2.random import SeedGenerator
+from torchdata.dataloader2.reading_service import CheckpointableReadingServiceInterface
 from torchdata.dataloader2.utils import WorkerInfo
 from torchdata.dataloader2.utils.dispatch import _DummyIterDataPipe, find_lca_round_robin_sharding_dp
-from torchdata.dataloader2.utils.worker import process_init_fn
+from torchdata.dataloader2.utils.worker import process_init_fn, process_reset_fn
+from torchdata.datapipes.iter import FullSync as FullSyncIterDataPipe
+from torchdata.datapipes.iter import Prefetcher as PrefetcherIterDataPipe
 
 from torchdata_snapshot.channel import Channel, describe_exit, make_pipe_pair
+from torchdata_snapshot.checkpoint import Checkpoint, WorkerPosition, graph_fingerprint
 from torchdata_snapshot.consumer import CONTROL_TIMEOUT_S, WorkerConsumer, credit_window
 from torchdata_snapshot.dispatch import run_dispatcher
 from torchdata_snapshot.errors import (
@@ -47,6 +52,8 @@ from torchdata_snapshot.messages import (
 )
 from torchdata_snapshot.options import BatchingOptions
 from torchdata_snapshot.outlet import Outlet
+from torchdata_snapshot.rng import IsolatedRNG
+from torchdata_snapshot.seeds import load_seed_state, seed_state
 from torchdata_snapshot.snapshot import WorkerSnapshot, capture_datapipe_states, graph_datapipes
 from torchdata_snapshot.worker import WorkerOptions, run_worker
 
@@ -69,18 +76,33 @@ def advance_epoch_seed(seed_generator: SeedGenerator, epoch: int) -> None:
     seed_generator.spawn(epoch, inplace=True)
 
 
+#: Main-process DataPipes that hand on exactly one item per item they take, in order. Through a
+#: tail made only of these, the user's position maps onto the workers' streams.
+_ONE_TO_ONE_TAIL = (MapperIterDataPipe, FullSyncIterDataPipe, PrefetcherIterDataPipe)
+
+
+def _is_one_to_one_tail(end: DataPipe, consumer: WorkerConsumer) -> bool:
+    tail = [dp for dp in list_dps(traverse_dps(end)) if dp is not consumer]
+    return all(isinstance(dp, _ONE_TO_ONE_TAIL) for dp in tail)
+
+
 def _check_count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be a non-negative int, got {value!r}")
     return value
 
 
-class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
-    r"""Runs the replicable part of a ``DataPipe`` graph in worker processes, observably.
+class MultiProcessingReadingService(
+    upstream.MultiProcessingReadingService, CheckpointableReadingServiceInterface
+):
+    r"""Runs the replicable part of a ``DataPipe`` graph in worker processes; checkpointable mid-epoch.
 
     Same constructor and behaviour as ``torchdata.dataloader2.MultiProcessingReadingService``,
-    plus :meth:`snapshot` (the RFC: one :class:`~torchdata_snapshot.WorkerSnapshot` per worker).
-    Items move between processes in batches under credit-based flow control, without polling.
+    plus :meth:`snapshot` (the RFC: one :class:`~torchdata_snapshot.WorkerSnapshot` per worker)
+    and :meth:`checkpoint`/:meth:`restore`, through which ``DataLoader2.state_dict()``,
+    ``DataLoader2.from_state()`` and ``DataLoader2.load_state_dict()`` resume an epoch exactly
+    where the user stopped. Items move between processes in batches under credit-based flow
+    control, without polling.
 
     Args:
         num_workers: number of worker processes; ``0`` runs the graph in the main process.
@@ -98,6 +120,12 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
             epoch reset); a worker answers between two items.
         timeout_s: bound on waiting for one item (``None``: as long as the worker lives, like
             ``torch.utils.data.DataLoader``'s ``timeout=0``). A dead worker is detected either way.
+        verify_replay: on restore, check the replayed items against digests recorded in the
+            checkpoint and raise :class:`~torchdata_snapshot.ReplayDivergenceError` if they differ.
+        isolate_rng: with ``num_workers=0``, give the pipeline its own ``random``/``torch``/``numpy``
+            global RNG states (seeded by DataLoader2 like a worker's), so that the training loop's
+            draws never change the data and a restored epoch replays exactly. Costs tens of
+            microseconds per item; turn it off for in-process pipelines that use no global RNG.
     """
 
     def __init__(
@@ -112,6 +140,8 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
         batching: BatchingOptions = BatchingOptions(),
         control_timeout_s: float = CONTROL_TIMEOUT_S,
         timeout_s: Optional[float] = None,
+        verify_replay: bool = True,
+        isolate_rng: bool = True,
     ) -> None:
         # Upstream's __init__ is not called: it asserts instead of raising and warns that
         # num_workers=0 should use InProcessReadingService, which is not true here.
@@ -135,6 +165,8 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s}")
         self.timeout_s = timeout_s
+        self.verify_replay = bool(verify_replay)
+        self.isolate_rng = bool(isolate_rng)
         self._mp = num_workers > 0
         self._reset_runtime()
 
@@ -149,6 +181,9 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
         self._end_datapipe: Optional[Outlet] = None
         self._main_datapipes: List[DataPipe] = []
         self._epoch = -1
+        self._epoch_seed: Optional[dict] = None  # SeedGenerator state at the start of the epoch
+        self._fingerprint = ""
+        self._pending_restore: Optional[Checkpoint] = None  # set by restore(), used by the next epoch
         self._paused = False
         self._initialized = False
         self._finalized = False
@@ -174,14 +209,24 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
             raise ReadingServiceClosedError("the reading service was shut down; create a new one")
         if self._initialized:
             raise ReadingServiceError("initialize() was already called on this reading service")
+        self._fingerprint = graph_fingerprint(datapipe)
         if self._mp:
             end = self._start_workers(datapipe)
         else:
             end = process_init_fn(datapipe, WorkerInfo(1, 0), self.worker_init_fn)
-        self._end_datapipe = Outlet(end)
-        self._main_datapipes = [dp for _, dp in graph_datapipes(self._end_datapipe)]
+        consumer = self._worker_consumer_datapipe
+        track = consumer is not None and _is_one_to_one_tail(end, consumer)
+        outlet = Outlet(end, self.num_workers, track_positions=track)
+        outlet.verify = self.verify_replay
+        if consumer is not None and track:
+            consumer.handoff = outlet.handoff
+            consumer.user_position = outlet.worker_delivered
+        if consumer is None and self.isolate_rng:
+            outlet.rng = IsolatedRNG()
+        self._end_datapipe = outlet
+        self._main_datapipes = [dp for _, dp in graph_datapipes(outlet)]
         self._initialized = True
-        return self._end_datapipe
+        return outlet
 
     def _start_workers(self, datapipe: DataPipe) -> DataPipe:
         ctx: Any = mp.get_context(self.multiprocessing_context)
@@ -201,7 +246,7 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
                 f"found {len(replicable_dps)}: {[type(dp).__name__ for dp in replicable_dps]}"
             )
         replicable_dp = replicable_dps[0]
-        options = WorkerOptions(self.worker_init_fn, self.worker_reset_fn, self.batching)
+        options = WorkerOptions(self.worker_init_fn, self.worker_reset_fn, self.batching, self.verify_replay)
         dispatcher_pid = None if self._dispatch_process is None else self._dispatch_process.pid
         channels: List[Channel] = []
         try:
@@ -294,27 +339,52 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
         self, seed_generator: SeedGenerator, iter_reset_fn: Optional[Callable[[DataPipe], DataPipe]] = None
     ) -> Optional[Callable[[DataPipe], DataPipe]]:
         self._check_open()
-        assert self._end_datapipe is not None, "initialize() must be called first"
+        outlet = self._end_datapipe
+        assert outlet is not None, "initialize() must be called first"
+        resume, self._pending_restore = self._pending_restore, None
         self._epoch += 1
+        if resume is not None:
+            # The generator DataLoader2 hands over was saved *after* this epoch's seeding (and
+            # DistributedReadingService may have advanced it again): put it back, in place, to
+            # where this epoch started, so that this epoch and every later one get the seeds
+            # of the uninterrupted run.
+            load_seed_state(seed_generator, resume.seed)
+        self._epoch_seed = seed_state(seed_generator)
         advance_epoch_seed(seed_generator, self._epoch)
-        if self._worker_consumer_datapipe is not None:
+        consumer = self._worker_consumer_datapipe
+        replay_in_main = resume is not None and resume.replay_in_main
+        if consumer is not None:
             # The main process's DataPipes (the non-replicable tail) are seeded from the
             # generator itself, each worker from its spawn, as upstream.
-            set_graph_random_seed(self._end_datapipe, seed_generator)
+            set_graph_random_seed(outlet, seed_generator)
             seeds = [seed_generator.spawn(worker_id) for worker_id in range(self.num_workers)]
             # Workers first: one of them may be waiting for a dispatched item of the old epoch.
-            self._worker_consumer_datapipe.reset_epoch(self._epoch, seeds, iter_reset_fn, start=False)
+            consumer.reset_epoch(self._epoch, seeds, iter_reset_fn)
             if self._dispatcher_channel is not None:
                 self._ask_dispatcher(
                     ResetEpochRequest(self._epoch, seed_generator, iter_reset_fn), ResetEpochResponse
                 )
-            self._worker_consumer_datapipe.start_epoch()
+            if resume is not None and not replay_in_main:
+                consumer.replay(resume.workers, resume.next_worker)  # may need the dispatcher's new epoch
+            consumer.start_epoch()
+        elif outlet.rng is not None:
+            # In-process, the graph is seeded like the only worker would be, global RNGs
+            # included, but those are the pipeline's own (see IsolatedRNG).
+            with outlet.rng.active():
+                process_reset_fn(outlet, WorkerInfo(1, 0), seed_generator.spawn(0))
         else:
-            # In-process, the graph is seeded like the only worker: the main generator then
-            # evolves the same way whatever num_workers is, and so does the data of a pipeline
-            # that shuffles before sharding.
-            set_graph_random_seed(self._end_datapipe, seed_generator.spawn(0))
-        self._end_datapipe.start_epoch(self._epoch)
+            set_graph_random_seed(outlet, seed_generator.spawn(0))
+        if resume is None:
+            outlet.start_epoch(self._epoch)
+        elif replay_in_main:
+            outlet.start_epoch(self._epoch, skip=resume.delivered, skip_mark=resume.mark)
+        else:
+            outlet.start_epoch(
+                self._epoch,
+                delivered=resume.delivered,
+                worker_delivered=[w.delivered for w in resume.workers],
+                last_worker=(resume.next_worker - 1) % self.num_workers if resume.delivered else -1,
+            )
         return None
 
     def finalize_iteration(self) -> None:
@@ -349,6 +419,59 @@ class MultiProcessingReadingService(upstream.MultiProcessingReadingService):
             if process.exitcode is None:
                 process.kill()
                 process.join(JOIN_TIMEOUT_S)
+
+    # --- checkpoint / restore -------------------------------------------------------------------
+
+    def checkpoint(self) -> Dict[str, Any]:
+        """The state ``DataLoader2.state_dict()`` stores: versioned plain data (see :mod:`.checkpoint`).
+
+        It describes what the *user* received: the epoch, its seeds, and per worker how many of
+        its items reached the user. Taking it does not talk to the workers, does not pause
+        anything and does not change the data; its size does not depend on the position.
+        """
+        self._check_open()
+        outlet = self._end_datapipe
+        workers: Tuple[WorkerPosition, ...] = (WorkerPosition(),) * self.num_workers
+        if outlet is None or self._epoch < 0:
+            return Checkpoint(
+                self.num_workers, self._fingerprint, epoch=self._epoch, workers=workers
+            ).to_plain()
+        consumer = self._worker_consumer_datapipe
+        next_worker = 0
+        if consumer is not None and outlet.track_positions:
+            workers = tuple(
+                WorkerPosition(d, consumer.position_mark(i, d)) for i, d in enumerate(outlet.worker_delivered)
+            )
+            next_worker = (outlet.last_worker + 1) % self.num_workers if outlet.last_worker >= 0 else 0
+        return Checkpoint(
+            num_workers=self.num_workers,
+            fingerprint=self._fingerprint,
+            epoch=self._epoch,
+            status="finished" if outlet.finished else "in_epoch",
+            seed=self._epoch_seed,
+            delivered=outlet.delivered,
+            replay_in_main=not outlet.track_positions,
+            mark=None if outlet.track_positions else outlet.mark,
+            workers=workers,
+            next_worker=next_worker,
+        ).to_plain()
+
+    def restore(self, datapipe: DataPipe, serialized_state: Any) -> DataPipe:
+        """Start the service for ``datapipe`` so that its next epoch resumes ``serialized_state``.
+
+        The state is validated before any process starts (:class:`InvalidCheckpointError`,
+        :class:`IncompatibleCheckpointError`). The epoch in progress restarts with its recorded
+        seeds and each worker replays, inside its process, the items the user already received.
+        """
+        if self._finalized:
+            raise ReadingServiceClosedError("the reading service was shut down; create a new one")
+        state = Checkpoint.from_plain(serialized_state)
+        if state.num_workers != self.num_workers or state.status != "idle":
+            state.check_fits(self.num_workers, graph_fingerprint(datapipe))
+        end = self.initialize(datapipe)
+        self._epoch = state.epoch - 1 if state.status == "in_epoch" else state.epoch
+        self._pending_restore = state if state.status == "in_epoch" else None
+        return end
 
     # --- pause / resume / limit (upstream semantics) ------------------------------------------
 

@@ -166,3 +166,8 @@ def _dispatch(n: int) -> IterDataPipe:
 
 def take(iterator: Iterator[Any], k: int) -> List[Any]:
     return [next(iterator) for _ in range(k)]
+
+
+def unseeded_noise(x: int) -> tuple:
+    """Not reproducible by any seed: a pipeline using it cannot be replayed."""
+    return (x, random.SystemRandom().randint(0, 10**9))
