@@ -48,3 +48,39 @@ def test_each_rank_gets_its_shard_and_every_epoch_is_complete(tmp_path: Path) ->
 def test_shutdown_mid_epoch_with_prefetching_does_not_hang(tmp_path: Path) -> None:
     got = run_ranks(break_out_and_shut_down, tmp_path)
     assert all(len(g) == 5 for g in got)
+
+
+def save_mid_epoch(rank: int, world_size: int, path: str, k: int) -> Dict[str, Any]:
+    import torch
+
+    dl = _loader(num_workers=2, n=80, prefetch=10)
+    list(dl)  # the first epoch
+    it = iter(dl)
+    head = [next(it) for _ in range(k)]
+    torch.save(dl.state_dict(), f"{path}/rank{rank}.pt")
+    rest = list(it)
+    following = list(dl)
+    dl.shutdown()
+    return {"head": head, "rest": rest, "following": following}
+
+
+def resume_mid_epoch(rank: int, world_size: int, path: str) -> Dict[str, Any]:
+    import torch
+    from pipelines import rs
+    from torchdata.dataloader2 import DataLoader2, DistributedReadingService, SequentialReadingService
+
+    state = torch.load(f"{path}/rank{rank}.pt", weights_only=True)
+    service = SequentialReadingService(DistributedReadingService(), rs(2))
+    dl = DataLoader2.from_state(state, service)
+    rest, following = list(dl), list(dl)
+    dl.shutdown()
+    return {"rest": rest, "following": following}
+
+
+def test_every_rank_resumes_mid_epoch_exactly(tmp_path: Path) -> None:
+    saved = run_ranks(save_mid_epoch, tmp_path, path=str(tmp_path), k=13)
+    resumed = run_ranks(resume_mid_epoch, tmp_path, path=str(tmp_path))
+    for rank in range(2):
+        assert len(saved[rank]["head"]) == 13 and saved[rank]["rest"]
+        assert resumed[rank] == {"rest": saved[rank]["rest"], "following": saved[rank]["following"]}
+    assert saved[0]["rest"] != saved[1]["rest"], "each rank resumed its own shard"

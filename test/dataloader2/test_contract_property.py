@@ -1,0 +1,49 @@
+"""Property: for any pipeline shape, configuration and position, a fresh process resumes exactly.
+
+Hypothesis draws the configuration and the position ``k`` (20 examples by default, 150 with
+``--full-matrix``: the profiles are loaded in conftest.py); each example is checked by the same
+helper as the contract matrix.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+from contract import Config, Resumer, check_contract, reference
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pipelines import PIPELINES
+
+
+@pytest.fixture(scope="module")
+def resumer() -> Iterator[Resumer]:
+    r = Resumer()
+    yield r
+    r.close()
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(
+    shape=st.sampled_from(sorted(PIPELINES)),
+    num_workers=st.sampled_from([0, 1, 2, 4]),
+    worker_prefetch_cnt=st.sampled_from([0, 1, 10]),
+    main_prefetch_cnt=st.sampled_from([0, 1, 10]),
+    n=st.integers(min_value=0, max_value=50),
+    epoch=st.integers(min_value=0, max_value=1),
+    data=st.data(),
+)
+def test_any_configuration_resumes_exactly_at_any_position(
+    resumer: Resumer,
+    shape: str,
+    num_workers: int,
+    worker_prefetch_cnt: int,
+    main_prefetch_cnt: int,
+    n: int,
+    epoch: int,
+    data: st.DataObject,
+) -> None:
+    config = Config(shape, num_workers, worker_prefetch_cnt, main_prefetch_cnt, n=n, epoch=epoch)
+    length = len(reference(config, epoch + 3)[epoch])
+    k = data.draw(st.integers(min_value=0, max_value=length), label="k")
+    check_contract(resumer, config, [k])
