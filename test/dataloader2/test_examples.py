@@ -21,3 +21,10 @@ def test_snapshot_demo() -> None:
     out = run_example("snapshot_demo.py", "--items", "200", "--every", "50")
     assert out.count("after ") == 4
     assert "200 items, identical to a run without snapshots." in out
+
+
+def test_resume_demo() -> None:
+    out = run_example("resume_demo.py", "--items", "400", "--workers", "2", "--checkpoint-every", "7")
+    assert "exit code -9" in out
+    assert "workers exited on their own: True" in out
+    assert "identical to the uninterrupted run, batch for batch: nothing lost, nothing duplicated" in out
