@@ -40,6 +40,8 @@ request            handler                                                      
 ================== =============================================================== ===================
 ResetEpochRequest  seed the graph (``process_reset_fn``), fresh iterator,           ResetEpochResponse
                    credit and counters to zero
+ReplayRequest      produce and drop the first ``skip`` items (restore), check the   ReplayResponse
+                   item at the mark's position against its digest
 GetNextRequest     add credit (ignored if for another epoch)                        (items)
 PauseRequest       send what is produced, ``pause()`` DataPipes, apply ``pause_fn`` PauseResponse
 ResumeRequest      apply ``resume_fn``, ``resume()`` DataPipes                      ResumeResponse
@@ -55,7 +57,25 @@ epoch with ``WorkerExceptionResponse``, after the items produced before it.
 
 ``snapshot()`` (main process): send ``GetStateRequest`` to every worker, then read each worker's
 pipe up to its ``GetStateResponse``, buffering the items read on the way. No pause/resume round
-trip is needed for the workers themselves.
+trip is needed for the workers themselves. With a dispatching process: pause the workers, pause
+the dispatcher and take its state, let each worker read what the dispatcher already sent, take
+the workers' states, resume the dispatcher, then the workers.
+
+Checkpoint and restore
+----------------------
+``checkpoint()`` needs no message at all: it records what the *user* received. The outlet (the
+last DataPipe) pops, for every item it hands to the user, the worker id the consumer pushed when
+it handed that item downstream; so the user's position in each worker's stream is known exactly
+whatever the main-process tail buffers. Each ``ItemsResponse`` carries the digest of its last
+item with its position (a mark); the checkpoint keeps, per worker, the latest mark at or behind
+the user's position, the epoch's seeds and the round-robin's next worker.
+
+``restore()`` replays: the epoch restarts with the recorded seeds (``ResetEpochRequest``), the
+dispatcher (if any) is reset, and each worker gets ``ReplayRequest(skip=its position, mark)``: it
+produces and drops those items inside its process, checks the marked one, then streams from
+there under credit as usual. A worker whose stream had ended ends again at the same place, so the
+round-robin's order continues exactly. Main-process tails that are not one-to-one (and
+``num_workers=0``) are replayed by the outlet itself.
 
 Liveness and shutdown
 ---------------------
