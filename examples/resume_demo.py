@@ -95,7 +95,9 @@ def run_resume(args: argparse.Namespace) -> None:
         resumed.extend((epoch, batch) for batch in dl)
     dl.shutdown()
     (workdir / "resumed.pkl").write_bytes(pickle.dumps(resumed))
-    print(f"   [resume pid {os.getpid()}] continued epoch {resumed_epoch}: {len(resumed)} batches", flush=True)
+    print(
+        f"   [resume pid {os.getpid()}] continued epoch {resumed_epoch}: {len(resumed)} batches", flush=True
+    )
 
 
 def step(name: str, args: argparse.Namespace) -> int:
@@ -121,7 +123,9 @@ def orchestrate(args: argparse.Namespace) -> int:
         args.workdir = workdir
         print(f"1. reference: an uninterrupted run of {EPOCHS} epochs ({args.workers} workers)")
         assert step("reference", args) == 0
-        print(f"2. training, checkpointing every {args.checkpoint_every} steps, killed at step {args.kill_at}")
+        print(
+            f"2. training, checkpointing every {args.checkpoint_every} steps, killed at step {args.kill_at}"
+        )
         code = step("train", args)
         print(f"   the training process ended with exit code {code} (-9: SIGKILL)")
         worker_pids = [int(p) for p in Path(workdir, "workers.txt").read_text().split()]
@@ -145,14 +149,18 @@ def orchestrate(args: argparse.Namespace) -> int:
         if ok:
             print("   identical to the uninterrupted run, batch for batch: nothing lost, nothing duplicated")
         else:
-            first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+            first = next(
+                (i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected))
+            )
             print(f"   MISMATCH at batch {first} ({lost} batches missing)")
         return 0 if ok and not alive(worker_pids) else 1
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", nargs="?", default="demo", choices=["demo", "reference", "train", "resume"])
+    parser.add_argument(
+        "command", nargs="?", default="demo", choices=["demo", "reference", "train", "resume"]
+    )
     parser.add_argument("--workdir", default="")
     parser.add_argument("--items", type=int, default=4000)
     parser.add_argument("--workers", type=int, default=4)

@@ -45,8 +45,8 @@ def show(step: int, snaps: List[WorkerSnapshot]) -> None:
     print(f"after {step} items:")
     for s in snaps:
         print(
-            f"  worker {s.worker_id} (pid {s.pid}): produced {s.produced:5d}  sent {s.sent:5d}"
-            f"  main received {s.received:5d}  delivered {s.delivered:5d}  buffered in main {s.buffered_in_main:3d}"
+            f"  worker {s.worker_id} (pid {s.pid}): produced {s.produced:5d}  main received {s.received:5d}"
+            f"  delivered {s.delivered:5d}  buffered in main {s.buffered_in_main:3d}"
         )
         assert s.produced == s.sent + s.buffered and s.received == s.delivered + s.buffered_in_main
     assert sum(s.delivered for s in snaps) == step

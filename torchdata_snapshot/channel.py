@@ -110,6 +110,17 @@ class ItemEncoder:
             self._pickler.clear_memo()
         self.count += 1
 
+    def dumps(self, item: Any) -> bytes:
+        """``item`` alone, pickled as ``add`` would (the batch being built is discarded)."""
+        self._buffer.seek(0)
+        self._buffer.truncate()
+        self.count = 0
+        try:
+            self._pickler.dump(item)
+        finally:
+            self._pickler.clear_memo()
+        return self._buffer.getvalue()
+
     def take(self) -> Tuple[int, bytes]:
         """Return ``(count, payload)`` of everything added so far and start a new batch."""
         count, payload = self.count, self._buffer.getvalue()

@@ -9,12 +9,13 @@ __all__ = ["BatchingOptions"]
 
 @dataclass(frozen=True)
 class BatchingOptions:
-    """How a worker groups items into one message.
+    """How items are grouped into messages.
 
-    A batch is sent as soon as it holds ``max_items`` items or ``max_bytes`` pickled bytes, when
-    credit runs out, or when producing one more item would hold the first one back longer than
-    ``max_delay_s`` (estimated from the recent time per item). Slow items therefore go out one by
-    one, tiny items in batches.
+    A worker hands every item to its outbox thread as soon as it is produced; the thread sends
+    whatever has accumulated as one message, of at most ``max_items`` items, closed once it
+    holds ``max_bytes`` pickled bytes. Slow items therefore go out one by one and tiny items in
+    batches, and no item waits for the next one. The dispatching process, which has no outbox
+    thread, also sends what it produced after at most ``max_delay_s`` of producing.
     """
 
     max_items: int = 64

@@ -17,11 +17,12 @@ __all__ = ["WorkerSnapshot", "capture_datapipe_states", "datapipe_key", "graph_d
 class WorkerSnapshot:
     """The state of one worker (or of the dispatching process) at one consistent point.
 
-    A snapshot is taken while the process's DataPipes are paused and after every item the
-    process had sent has been read by the main process, so its counts add up:
+    A snapshot is taken while the process's DataPipes are paused, and the main process reads
+    every item the worker had produced before it answered, so the counts add up:
 
-    * ``produced == sent + buffered`` (inside the process);
-    * ``sent == received`` (the main process has read every item the worker sent);
+    * ``produced == sent + buffered`` (inside the worker: ``buffered`` items were still in its
+      outbox when it answered; they travel ahead of the answer);
+    * ``received == produced`` (the main process has read all of them);
     * ``received == delivered + buffered_in_main`` (main process).
 
     For the dispatching process (``role == "dispatcher"``, ``worker_id == -1``) ``sent`` counts the
@@ -35,7 +36,8 @@ class WorkerSnapshot:
         epoch: number of the current epoch (``0`` for the first one, ``-1`` before any).
         produced: items the process's DataPipe graph produced this epoch.
         sent: items handed to the main process this epoch.
-        buffered: items produced but not yet handed to the main process.
+        batches: messages those items travelled in (``sent / batches`` items per message).
+        buffered: items produced but not yet written to the main process's pipe.
         received: items the main process has received from this worker this epoch.
         delivered: items the main process has handed on (to the user or the main-process tail).
         buffered_in_main: items received by the main process and not yet handed on.
@@ -55,6 +57,7 @@ class WorkerSnapshot:
     produced: int
     sent: int
     buffered: int
+    batches: int = 0
     received: int = 0
     delivered: int = 0
     buffered_in_main: int = 0

@@ -15,25 +15,27 @@ Streaming under credit
 ----------------------
 Upstream sends one ``GetNextRequest`` per item and waits for its answer. Here the main process
 grants *credit*: ``GetNextRequest(epoch, count)`` allows the worker to send ``count`` more items.
-The worker produces while it has credit and sends items in ``ItemsResponse`` batches (bounded by
-count, bytes and time, see :class:`BatchingOptions`). The main process keeps at most a window of
-``worker_prefetch_cnt + ceil(main_prefetch_cnt / num_workers) + 1`` items outstanding per worker
-and tops the credit up when half of it was used. Items the user has not taken yet wait in the
-response pipe or in the main process's buffer; no thread polls anything.
+The worker loop produces while it has credit and hands each item, pickled, to its outbox (see
+:mod:`torchdata_snapshot.outbox`): one thread that writes everything the worker sends, in order,
+as ``ItemsResponse`` batches of whatever has accumulated (bounded by count and bytes, see
+:class:`BatchingOptions`), so no item waits for a slow next one. The main process keeps at most
+a window of ``worker_prefetch_cnt + ceil(main_prefetch_cnt / num_workers) + 1`` items
+outstanding per worker and tops the credit up when half of it was used. Items the user has not
+taken yet wait in the outbox, the pipe or the main process's buffer; no thread polls anything.
 
 Counters, per worker and epoch (always true between two messages):
 
-* worker:  ``produced == sent + buffered``, and ``produced <= credit granted``;
-* main:    ``received == delivered + buffered_in_main``, and ``received <= sent``;
-* after main has read a worker's ``GetStateResponse``: ``received == sent`` at the time of the
-  answer, because the answer follows every item sent before it on the same pipe.
+* worker:  ``produced == sent + buffered`` (``buffered``: in the outbox), ``produced <= credit``;
+* main:    ``received == delivered + buffered_in_main``, and ``received <= produced``;
+* after main has read a worker's ``GetStateResponse``: ``received == produced`` as of the
+  answer, because the answer follows every item produced before it on the same pipe.
 
 The order of items handed to the user never depends on timing: main takes one item from each
 live worker in turn (worker 0, 1, ..., N-1, 0, ...), skipping workers whose stream has ended;
 each worker's stream is a deterministic function of its graph and its seed.
 
-Requests and their handlers (the worker loop is single-threaded, so while it serves a request
-its DataPipes are paused by construction):
+Requests and their handlers (the worker loop runs the graph and serves requests in one thread,
+so while it serves a request its DataPipes are paused by construction):
 
 ================== =============================================================== ===================
 request            handler                                                          response
@@ -112,7 +114,6 @@ from torchdata_snapshot.messages import (
     GetNextRequest,
     GetStateRequest,
     GetStateResponse,
-    ItemsResponse,
     LimitRequest,
     LimitResponse,
     PauseRequest,
@@ -131,12 +132,18 @@ from torchdata_snapshot.messages import (
     WorkerExceptionResponse,
 )
 from torchdata_snapshot.options import BatchingOptions
+from torchdata_snapshot.outbox import Outbox
 from torchdata_snapshot.snapshot import WorkerSnapshot, capture_datapipe_states, graph_datapipes
 
 __all__ = ["REPLAY_HEARTBEAT_S", "WorkerLoop", "WorkerOptions", "prepare_worker_graph", "run_worker"]
 
 #: During a long replay, a worker tells the main process it is alive this often.
 REPLAY_HEARTBEAT_S = 1.0
+
+#: While producing, the loop looks for requests after this many items or seconds, whichever
+#: comes first: requests are answered between items without a syscall per item.
+REQUEST_CHECK_ITEMS = 64
+REQUEST_CHECK_S = 0.002
 
 
 @dataclass(frozen=True)
@@ -186,16 +193,14 @@ class WorkerLoop:
         self.distributed_shared_seed = distributed_shared_seed
         self.init_error = init_error
         self.encoder = ItemEncoder()
+        self.outbox = Outbox(endpoint, options.batching, options.verify_replay)
         self.epoch = -1
         self.iterator: Optional[Any] = None
         self.credit = 0
-        self.produced = 0  # items the graph produced this epoch
-        self.sent = 0  # items sent to the main process this epoch; produced == sent + encoder.count
+        self.produced = 0  # items the graph produced this epoch (== sent + pending in the outbox)
         self.exhausted = False
         self.paused = False
         self.terminated = False
-        self._item_time_s = 0.0  # moving average of the time to produce one item
-        self._last_item: Any = None  # the last item added to the batch being built
         self._graph: List[Tuple[str, DataPipe]] = graph_datapipes(datapipe) if init_error is None else []
         self._sources: List[DispatchedSource] = (
             find_dispatched_sources(datapipe) if init_error is None else []
@@ -208,7 +213,7 @@ class WorkerLoop:
         try:
             while not self.terminated:
                 if self._can_produce():
-                    self._produce_batch()
+                    self._produce()
                     self._serve_pending()
                 else:
                     request = self.endpoint.recv(LIVENESS_CHECK_INTERVAL_S)
@@ -218,20 +223,23 @@ class WorkerLoop:
             pass
         finally:
             self.iterator = None
+            self.outbox.close()
 
     def run_until_idle(self) -> None:
         """Serve what is pending and produce what credit allows, then return instead of waiting.
 
         For in-process drivers (tests): after each request they send, the loop is run until it
-        has nothing left to do, which makes every step deterministic.
+        has nothing left to do and everything it sent is written, which makes every step
+        deterministic.
         """
         while not self.terminated:
             if self._can_produce():
-                self._produce_batch()
+                self._produce()
             elif self.endpoint.poll():
                 self._handle(self.endpoint.recv(timeout_s=None))
             else:
-                return
+                break
+        self.outbox.drain()
 
     def _serve_pending(self) -> None:
         while not self.terminated and self.endpoint.poll():
@@ -240,12 +248,16 @@ class WorkerLoop:
     def _can_produce(self) -> bool:
         return self.iterator is not None and self.credit > 0 and not self.paused and not self.exhausted
 
-    def _produce_batch(self) -> None:
-        """Produce items while credit lasts and the batch bounds allow, then send them."""
-        batching = self.options.batching
-        start = time.perf_counter()
-        while self.credit > 0:
-            before = time.perf_counter()
+    def _produce(self) -> None:
+        """Produce items while credit lasts, handing each to the outbox as soon as it exists.
+
+        Returns at least every ``REQUEST_CHECK_ITEMS`` items or ``REQUEST_CHECK_S`` seconds, so
+        that requests (pause, state, reset) are served between items without a syscall per item.
+        """
+        deadline = time.perf_counter() + REQUEST_CHECK_S
+        for _ in range(REQUEST_CHECK_ITEMS):
+            if self.credit <= 0:
+                return
             try:
                 item = next(self.iterator)  # type: ignore[arg-type]
             except StopIteration:
@@ -254,45 +266,27 @@ class WorkerLoop:
             except Exception:
                 self._end_stream(WorkerExceptionResponse(ExceptionWrapper(where=f"in {self.name}")))
                 return
-            now = time.perf_counter()
-            self._item_time_s = 0.75 * self._item_time_s + 0.25 * (now - before)
             try:
-                self.encoder.add(item)
-                self._last_item = item
+                payload = self.encoder.dumps(item)
             except Exception:
                 where = f"in {self.name} while pickling item {self.produced} of epoch {self.epoch}"
                 self._end_stream(WorkerExceptionResponse(ExceptionWrapper(where=where)))
                 return
             self.produced += 1
             self.credit -= 1
-            if (
-                self.encoder.count >= batching.max_items
-                or self.encoder.nbytes >= batching.max_bytes
-                or (now - start) + self._item_time_s >= batching.max_delay_s
-            ):
-                break
-        self._flush()
-
-    def _flush(self) -> None:
-        if self.encoder.count:
-            count, payload = self.encoder.take()
-            # One digest per message (of its last item) lets a restore verify its replay at
-            # a recent position for the cost of one digest per batch.
-            mark = (self.sent + count, item_digest(self._last_item)) if self.options.verify_replay else None
-            self._last_item = None
-            self.endpoint.send(ItemsResponse(self.epoch, count, payload, mark))
-            self.sent += count
+            self.outbox.put_item(self.epoch, payload, item)
+            if time.perf_counter() >= deadline:
+                return
 
     def _end_stream(self, response: Any) -> None:
-        self._flush()
-        self.endpoint.send(response)
+        self.outbox.put(response)
         self.exhausted = True
         self.iterator = None
 
     def _handle(self, request: Any) -> None:
         handler = self.HANDLERS.get(type(request))
         if self.init_error is not None and not isinstance(request, TerminateRequest):
-            self.endpoint.send(ErrorResponse(type(request).__name__, self.init_error))
+            self.outbox.put(ErrorResponse(type(request).__name__, self.init_error))
             return
         if handler is None:
             try:
@@ -300,7 +294,7 @@ class WorkerLoop:
                     f"{self.name} does not handle request {type(request).__name__!r} ({request!r})"
                 )
             except ProtocolError:
-                self.endpoint.send(
+                self.outbox.put(
                     ErrorResponse(type(request).__name__, ExceptionWrapper(where=f"in {self.name}"))
                 )
             return
@@ -310,14 +304,14 @@ class WorkerLoop:
             raise
         except Exception:
             where = f"in {self.name} while serving {type(request).__name__}"
-            self.endpoint.send(ErrorResponse(type(request).__name__, ExceptionWrapper(where=where)))
+            self.outbox.put(ErrorResponse(type(request).__name__, ExceptionWrapper(where=where)))
 
     # --- handlers -------------------------------------------------------------------------------
 
     @_handles(ResetEpochRequest)
     def _on_reset_epoch(self, request: ResetEpochRequest) -> None:
-        self.encoder.take()  # nothing of the previous epoch is sent after this point
         self.iterator = None
+        self.outbox.start_epoch(request.epoch)  # nothing of the previous epoch is sent after this
         self.datapipe = process_reset_fn(
             self.datapipe,
             self.worker_info,
@@ -330,10 +324,10 @@ class WorkerLoop:
         self.epoch = request.epoch
         for source in self._sources:
             source.reset_epoch(self.epoch)
-        self.credit = self.produced = self.sent = 0
+        self.credit = self.produced = 0
         self.exhausted = False
         self.iterator = iter(self.datapipe)
-        self.endpoint.send(ResetEpochResponse(self.epoch))
+        self.outbox.put(ResetEpochResponse(self.epoch))
 
     @_handles(ReplayRequest)
     def _on_replay(self, request: ReplayRequest) -> None:
@@ -342,7 +336,8 @@ class WorkerLoop:
                 f"{self.name}: a replay must directly follow the reset of epoch {request.epoch}"
             )
         self._replay(request.skip, request.verify)
-        self.endpoint.send(ReplayResponse(self.epoch, request.skip))
+        self.outbox.start_epoch(self.epoch, sent=request.skip)  # as if those had been sent
+        self.outbox.put(ReplayResponse(self.epoch, request.skip))
 
     def _replay(self, skip: int, verify: Optional[Tuple[int, str]]) -> None:
         """Produce and drop the ``skip`` items the user received before the checkpoint.
@@ -371,9 +366,9 @@ class WorkerLoop:
                         "changed? an unseeded random source?); pass verify_replay=False to continue anyway"
                     )
             if time.monotonic() >= heartbeat:
-                self.endpoint.send(ReplayProgressResponse(self.epoch, position))
+                self.outbox.put(ReplayProgressResponse(self.epoch, position))
                 heartbeat = time.monotonic() + REPLAY_HEARTBEAT_S
-        self.produced = self.sent = skip
+        self.produced = skip
 
     @_handles(GetNextRequest)
     def _on_get_next(self, request: GetNextRequest) -> None:
@@ -382,14 +377,13 @@ class WorkerLoop:
 
     @_handles(PauseRequest)
     def _on_pause(self, request: PauseRequest) -> None:
-        self._flush()
         for _, dp in self._graph:
             if callable(getattr(dp, "pause", None)):
                 dp.pause()
         if request.pause_fn is not None:
             self.datapipe = request.pause_fn(self.datapipe)
         self.paused = True
-        self.endpoint.send(PauseResponse())
+        self.outbox.put(PauseResponse())
 
     @_handles(ResumeRequest)
     def _on_resume(self, request: ResumeRequest) -> None:
@@ -399,7 +393,7 @@ class WorkerLoop:
             if callable(getattr(dp, "resume", None)):
                 dp.resume()
         self.paused = False
-        self.endpoint.send(ResumeResponse())
+        self.outbox.put(ResumeResponse())
 
     @_handles(LimitRequest)
     def _on_limit(self, request: LimitRequest) -> None:
@@ -408,25 +402,26 @@ class WorkerLoop:
                 request.num_batches if request.worker_num_batches is None else request.worker_num_batches
             )
             self.datapipe = request.limit_fn(self.datapipe, num_batches)
-        self.endpoint.send(LimitResponse())
+        self.outbox.put(LimitResponse())
 
     @_handles(GetStateRequest)
     def _on_get_state(self, request: GetStateRequest) -> None:
         if request.dispatcher_sent is not None:
             for source in self._sources:  # the paused dispatcher's items still in flight
                 source.drain_until(request.dispatcher_sent)
-        self.endpoint.send(GetStateResponse(self.capture(request.include_datapipe_states)))
+        self.outbox.put(GetStateResponse(self.capture(request.include_datapipe_states)))
 
     @_handles(TerminateRequest)
     def _on_terminate(self, request: TerminateRequest) -> None:
         self.terminated = True
         self.iterator = None
-        self.endpoint.send(TerminateResponse())
+        self.outbox.put(TerminateResponse())
 
     # --- state ----------------------------------------------------------------------------------
 
     def capture(self, include_datapipe_states: bool = True) -> WorkerSnapshot:
         """The worker's snapshot now; DataPipes with their own threads are paused around it."""
+        sent, batches = self.outbox.counters()
         pausable = (
             [] if self.paused else [dp for _, dp in self._graph if callable(getattr(dp, "pause", None))]
         )
@@ -444,8 +439,9 @@ class WorkerLoop:
             pid=os.getpid(),
             epoch=self.epoch,
             produced=self.produced,
-            sent=self.sent,
-            buffered=self.encoder.count,
+            sent=sent,
+            batches=batches,
+            buffered=self.produced - sent,
             exhausted=self.exhausted,
             paused=self.paused,
             datapipe_yields=yields,

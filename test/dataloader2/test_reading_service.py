@@ -30,7 +30,7 @@ def assert_consistent(snaps: List[WorkerSnapshot], num_workers: int, delivered: 
     for s in snaps:
         assert s.role == "worker"
         assert s.produced == s.sent + s.buffered
-        assert s.sent == s.received
+        assert s.produced == s.received
         assert s.received == s.delivered + s.buffered_in_main
     if delivered is not None:
         assert sum(s.delivered for s in snaps) == delivered

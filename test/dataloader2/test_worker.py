@@ -1,5 +1,6 @@
 """The worker loop, driven in-process: requests go in a pipe, the loop runs, responses come out."""
 
+import threading
 from typing import Any, List, Optional
 
 import pytest
@@ -75,7 +76,7 @@ def test_production_never_exceeds_credit() -> None:
     responses = serve(dp, [reset(), m.GetNextRequest(0, 3), m.GetStateRequest()])
     assert items_of(responses) == [0, 1, 2]
     snap = responses[-1].snapshot
-    assert (snap.produced, snap.sent, snap.buffered) == (3, 3, 0)
+    assert snap.produced == 3 and snap.sent + snap.buffered == 3
     assert dp.pulled == 3
 
 
@@ -86,26 +87,61 @@ def test_credit_for_another_epoch_is_ignored() -> None:
     assert items_of(responses) == [0, 1]
 
 
+def batch_sizes(responses: List[Any]) -> List[int]:
+    return [r.count for r in responses if isinstance(r, m.ItemsResponse)]
+
+
 def test_batches_are_bounded_by_count() -> None:
     responses = serve(
-        IterableWrapper(range(7)), [reset(), m.GetNextRequest(0, 7)], BatchingOptions(max_items=3)
+        IterableWrapper(range(50)), [reset(), m.GetNextRequest(0, 50)], BatchingOptions(max_items=3)
     )
-    assert [r.count for r in responses if isinstance(r, m.ItemsResponse)] == [3, 3, 1]
-    assert items_of(responses) == list(range(7))
+    assert items_of(responses) == list(range(50))
+    assert max(batch_sizes(responses)) <= 3
 
 
 def test_batches_are_bounded_by_bytes() -> None:
+    items = [b"x" * 1000] * 8
     responses = serve(
-        IterableWrapper([b"x" * 1000] * 4), [reset(), m.GetNextRequest(0, 4)], BatchingOptions(max_bytes=1500)
+        IterableWrapper(items), [reset(), m.GetNextRequest(0, 8)], BatchingOptions(max_bytes=1500)
     )
-    assert [r.count for r in responses if isinstance(r, m.ItemsResponse)] == [2, 2]
+    assert items_of(responses) == items
+    assert max(batch_sizes(responses)) <= 2, "a batch closes once it holds max_bytes"
 
 
-def test_zero_delay_sends_every_item_at_once() -> None:
-    responses = serve(
-        IterableWrapper(range(3)), [reset(), m.GetNextRequest(0, 3)], BatchingOptions(max_delay_s=0)
-    )
-    assert [r.count for r in responses if isinstance(r, m.ItemsResponse)] == [1, 1, 1]
+class Gate(IterDataPipe):
+    """Yields 0, 1, then waits for ``release`` before yielding 2: a slow item."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        yield 0
+        yield 1
+        assert self.release.wait(30)
+        yield 2
+
+
+def test_items_are_not_held_back_by_a_slow_next_item() -> None:
+    gate = Gate()
+    channel, endpoint, _ = make_pipe_pair()
+    loop = WorkerLoop(gate, endpoint, WorkerInfo(1, 0))
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    try:
+        channel.send(reset())
+        assert isinstance(channel.recv(timeout_s=10), m.ResetEpochResponse)
+        channel.send(m.GetNextRequest(0, 3))
+        got: List[Any] = []
+        while len(got) < 2:  # 0 and 1 arrive while the worker is still busy with item 2
+            got += items_of([channel.recv(timeout_s=10)])
+        assert got == [0, 1]
+        gate.release.set()
+        assert items_of([channel.recv(timeout_s=10)]) == [2]
+    finally:
+        gate.release.set()
+        channel.send(m.TerminateRequest())
+        thread.join(10)
+    assert not thread.is_alive()
 
 
 def _fail_at_2(x: int) -> int:
@@ -234,7 +270,7 @@ def test_get_state_reports_counts_yields_and_datapipe_states() -> None:
     responses = serve(dp, [reset(epoch=4), m.GetNextRequest(4, 3), m.GetStateRequest()])
     snap = responses[-1].snapshot
     assert (snap.worker_id, snap.role, snap.epoch) == (0, "worker", 4)
-    assert (snap.produced, snap.sent, snap.buffered, snap.exhausted) == (3, 3, 0, False)
+    assert (snap.produced, snap.sent + snap.buffered, snap.exhausted) == (3, 3, False)
     assert snap.datapipe_yields == {
         "0:MapperIterDataPipe": 3,
         "1:WithState": 3,
@@ -313,16 +349,19 @@ def test_a_replay_drops_the_first_items_then_streams_the_rest() -> None:
     assert responses[1] == m.ReplayResponse(0, 4)
     assert items_of(responses) == [4, 5, 6], "the replayed items never leave the worker"
     snap = responses[-1].snapshot
-    assert (snap.produced, snap.sent, snap.buffered) == (7, 7, 0)
+    assert snap.produced == 7 and snap.sent + snap.buffered == 7
     assert dp.pulled == 7
 
 
 def test_the_mark_of_a_batch_is_its_last_item_with_its_position() -> None:
     responses = serve(
-        IterableWrapper(range(10)), [reset(), m.GetNextRequest(0, 5)], BatchingOptions(max_items=2)
+        IterableWrapper(range(10)), [reset(), m.GetNextRequest(0, 9)], BatchingOptions(max_items=2)
     )
-    marks = [r.mark for r in responses if isinstance(r, m.ItemsResponse)]
-    assert marks == [(2, item_digest(1)), (4, item_digest(3)), (5, item_digest(4))]
+    position = 0
+    for batch in (r for r in responses if isinstance(r, m.ItemsResponse)):
+        position += batch.count
+        assert batch.mark == (position, item_digest(position - 1))
+    assert position == 9
     off = serve(IterableWrapper(range(3)), [reset(), m.GetNextRequest(0, 3)], verify_replay=False)
     assert [r.mark for r in off if isinstance(r, m.ItemsResponse)] == [None]
 

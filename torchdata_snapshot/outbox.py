@@ -1,0 +1,162 @@
+"""The worker's outbox: one thread that writes the worker's responses to its pipe, in order.
+
+Why a thread: a single-threaded worker that batches items must hold produced items back until
+it decides to send them; when the next item is slow (a large image, a stuck read) the items
+already produced wait with it, and the main process stalls on data that exists. With an
+outbox, the loop hands every item over as soon as it is produced and goes on producing; the
+sending thread writes whatever has accumulated in one message. Batching then adapts by itself:
+one item per message when items are slow, up to ``max_items`` / ``max_bytes`` per message when
+they are produced faster than they can be sent. A full pipe (a main process busy training)
+blocks only the sending thread, so the worker keeps producing up to its credit.
+
+Order: control responses go through the same queue as items, so an answer still marks an exact
+position in the worker's stream. Items are pickled by the producing loop (so a pickling error
+names the item), the thread only concatenates, digests the last item of each batch (the mark)
+and writes.
+
+Counters (``sent``, ``batches``) are the thread's; read them with :meth:`Outbox.counters`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any, Callable, Deque, Optional, Tuple
+
+from torchdata_snapshot.channel import Endpoint, ParentGone
+from torchdata_snapshot.digest import item_digest
+from torchdata_snapshot.messages import ItemsResponse
+from torchdata_snapshot.options import BatchingOptions
+
+__all__ = ["Outbox"]
+
+
+class _Item:
+    __slots__ = ("epoch", "payload", "item")
+
+    def __init__(self, epoch: int, payload: bytes, item: Any) -> None:
+        self.epoch, self.payload, self.item = epoch, payload, item
+
+
+class _Stop:
+    pass
+
+
+class Outbox:
+    """An ordered queue of outgoing messages, written to ``endpoint`` by one daemon thread.
+
+    Counters for the current epoch, updated by the thread after each write: ``sent`` items and
+    ``batches`` messages. Always ``produced == sent + pending`` where ``pending`` counts the
+    items handed over but not yet written (see :meth:`counters`).
+    """
+
+    def __init__(self, endpoint: Endpoint, batching: BatchingOptions, verify: bool) -> None:
+        self.endpoint = endpoint
+        self.batching = batching
+        self.verify = verify
+        self._queue: Deque[Any] = deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._busy = False  # the thread holds entries taken from the queue
+        self._epoch = -1
+        self._sent = 0
+        self._batches = 0
+        self.broken: Optional[BaseException] = None  # set when the parent is gone
+        self._thread = threading.Thread(target=self._run, name="torchdata_snapshot outbox", daemon=True)
+        self._thread.start()
+
+    # --- producer side --------------------------------------------------------------------------
+
+    def put_item(self, epoch: int, payload: bytes, item: Any) -> None:
+        self._put(_Item(epoch, payload, item))
+
+    def put(self, message: Any) -> None:
+        """Queue a message after everything queued before it."""
+        self._put(message)
+
+    def put_deferred(self, build: Callable[[], Any]) -> None:
+        """Queue a message built by ``build()`` in the thread, once everything before it is written."""
+        self._put(build)
+
+    def _put(self, entry: Any) -> None:
+        if self.broken is not None:
+            raise ParentGone from self.broken
+        with self._cond:
+            self._queue.append(entry)
+            if len(self._queue) == 1:
+                self._cond.notify()
+
+    def start_epoch(self, epoch: int, sent: int = 0) -> None:
+        """A new epoch: drop the items of the old one not written yet, wait for a write in
+        progress, and count from ``sent`` (items a restore replayed without sending them)."""
+        with self._cond:
+            self._queue = deque(entry for entry in self._queue if not isinstance(entry, _Item))
+        self.drain()
+        with self._cond:
+            self._epoch, self._sent, self._batches = epoch, sent, 0
+
+    def counters(self) -> Tuple[int, int]:
+        """``(sent, batches)`` of the current epoch so far."""
+        with self._cond:
+            return self._sent, self._batches
+
+    def drain(self) -> None:
+        """Block until everything queued so far has been written."""
+        with self._cond:
+            while (self._queue or self._busy) and self.broken is None:
+                self._cond.wait()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Write what is queued, then stop the thread."""
+        self._put(_Stop())
+        self._thread.join(timeout_s)
+
+    # --- the thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._queue:
+                        self._cond.wait()
+                    head = self._queue.popleft()
+                    batch = [head] if isinstance(head, _Item) else None
+                    if batch is not None:
+                        size = len(head.payload)
+                        while (
+                            self._queue
+                            and isinstance(self._queue[0], _Item)
+                            and self._queue[0].epoch == head.epoch
+                            and len(batch) < self.batching.max_items
+                            and size < self.batching.max_bytes
+                        ):
+                            entry = self._queue.popleft()
+                            batch.append(entry)
+                            size += len(entry.payload)
+                    self._busy = True
+                if isinstance(head, _Stop):
+                    return
+                if batch is not None:
+                    self._write_batch(batch)
+                else:
+                    self.endpoint.send(head() if callable(head) else head)
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+        except ParentGone as e:
+            with self._cond:
+                self.broken = e
+                self._busy = False
+                self._cond.notify_all()
+
+    def _write_batch(self, batch: Any) -> None:
+        epoch = batch[0].epoch  # always the current epoch: start_epoch() drops older items
+        with self._cond:
+            position = self._sent + len(batch)
+        # One digest per message (of its last item) lets a restore verify its replay at a recent
+        # position for the cost of one digest per batch.
+        mark = (position, item_digest(batch[-1].item)) if self.verify else None
+        payload = b"".join(entry.payload for entry in batch)
+        self.endpoint.send(ItemsResponse(epoch, len(batch), payload, mark))
+        with self._cond:
+            self._sent += len(batch)
+            self._batches += 1
