@@ -9,6 +9,7 @@ NOTE [ Snapshot protocol ] (:mod:`torchdata_snapshot.worker`).
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch.multiprocessing as mp
@@ -397,7 +398,7 @@ class MultiProcessingReadingService(
         self._finalized = True
         consumer = self._worker_consumer_datapipe
         if consumer is not None:
-            consumer.request_terminate(timeout_s=JOIN_TIMEOUT_S)
+            consumer.request_terminate(timeout_s=self._join_timeout_s())
         if self._dispatcher_channel is not None:
             try:
                 self._ask_dispatcher(TerminateRequest(), TerminateResponse)
@@ -410,12 +411,18 @@ class MultiProcessingReadingService(
         if self._dispatcher_channel is not None:
             self._dispatcher_channel.close()
 
+    def _join_timeout_s(self) -> float:
+        """How long shutdown waits for a process to answer and exit before killing it."""
+        return min(JOIN_TIMEOUT_S, self.control_timeout_s)
+
     def _kill_processes(self) -> None:
         processes = list(self._worker_processes)
         if self._dispatch_process is not None:
             processes.append(self._dispatch_process)
+        deadline = time.monotonic() + self._join_timeout_s()
         for process in processes:
-            process.join(JOIN_TIMEOUT_S)
+            process.join(max(0.0, deadline - time.monotonic()))
+        for process in processes:
             if process.exitcode is None:
                 process.kill()
                 process.join(JOIN_TIMEOUT_S)

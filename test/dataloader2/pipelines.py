@@ -171,3 +171,12 @@ def take(iterator: Iterator[Any], k: int) -> List[Any]:
 def unseeded_noise(x: int) -> tuple:
     """Not reproducible by any seed: a pipeline using it cannot be replayed."""
     return (x, random.SystemRandom().randint(0, 10**9))
+
+
+def stuck_at_5(x: int) -> int:
+    """Never returns for item 5: a worker stuck in user code (blocks, does not sleep-poll)."""
+    if x == 5:
+        import threading
+
+        threading.Event().wait()
+    return x

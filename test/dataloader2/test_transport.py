@@ -1,0 +1,80 @@
+"""Transport: batched messages and credit never change order or counts; stuck workers are found."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+from pipelines import pipeline, rs, stuck_at_5, take, tiny
+from torchdata.datapipes.iter import IterableWrapper
+
+from torchdata_snapshot import BatchingOptions, WorkerTimeoutError
+
+ONE_PER_MESSAGE = BatchingOptions(max_items=1)
+LARGE_BATCHES = BatchingOptions(max_items=64, max_delay_s=10.0)
+
+
+def test_batching_changes_the_messages_not_the_data(make_dl: Any) -> None:
+    reference = [list(make_dl(tiny(400), rs(2, batching=ONE_PER_MESSAGE)))]
+    dl = make_dl(tiny(400), rs(2, batching=LARGE_BATCHES, worker_prefetch_cnt=100))
+    it = iter(dl)
+    head = take(it, 100)
+    snaps = dl.reading_service.snapshot()
+    assert head + list(it) == reference[0]
+    for s in snaps:
+        assert s.produced == s.sent + s.buffered and s.produced == s.received
+        assert s.sent / s.batches >= 8, f"items travel in batches, got {s.sent} in {s.batches} messages"
+
+
+def test_one_item_per_message_when_asked(make_dl: Any) -> None:
+    dl = make_dl(tiny(40), rs(2, batching=ONE_PER_MESSAGE))
+    it = iter(dl)
+    take(it, 10)
+    assert all(s.batches == s.sent for s in dl.reading_service.snapshot())
+
+
+@pytest.mark.parametrize("batching", [ONE_PER_MESSAGE, LARGE_BATCHES], ids=["one", "large"])
+def test_pause_limit_and_snapshots_stay_exact_with_batching(make_dl: Any, batching: BatchingOptions) -> None:
+    reference = list(make_dl(pipeline("dispatch", 60), rs(2)))
+    dl = make_dl(pipeline("dispatch", 60), rs(2, batching=batching))
+    it = iter(dl)
+    it.limit(7)
+    got = list(it)
+    *workers, dispatcher = dl.reading_service.snapshot()
+    assert sum(s.delivered for s in workers) == 7
+    assert dispatcher.sent_per_worker == tuple(w.received_from_dispatcher for w in workers)
+    it.limit(None)
+    it.resume()
+    assert got + list(it) == reference
+
+
+def test_a_worker_stuck_on_an_item_is_reported_by_the_item_timeout(make_dl: Any) -> None:
+    dl = make_dl(
+        IterableWrapper(range(20)).sharding_filter().map(stuck_at_5),
+        rs(2, timeout_s=1.0, control_timeout_s=2.0),
+    )
+    start = time.monotonic()
+    got = []
+    with pytest.raises(
+        WorkerTimeoutError, match=r"worker 1 did not send an item within 1\.0 s; it is alive \(pid \d+\)"
+    ):
+        for x in dl:
+            got.append(x)
+    assert got == [0, 1, 2, 3, 4], "every item before the stuck one arrives, in order"
+    assert time.monotonic() - start < 30
+    assert all(p.exitcode is not None for p in dl.reading_service._worker_processes), (
+        "shut down, stuck or not"
+    )
+
+
+def test_a_worker_stuck_on_an_item_cannot_hang_a_snapshot(make_dl: Any) -> None:
+    dl = make_dl(IterableWrapper(range(20)).sharding_filter().map(stuck_at_5), rs(2, control_timeout_s=1.0))
+    it = iter(dl)
+    take(it, 4)
+    start = time.monotonic()
+    with pytest.raises(WorkerTimeoutError, match="worker 1 did not send GetStateResponse within 1.0 s"):
+        dl.reading_service.snapshot()
+    assert time.monotonic() - start < 30
+    assert os.getpid() not in [p.pid for p in dl.reading_service._worker_processes]
