@@ -1,0 +1,310 @@
+"""Benchmarks: our MultiProcessingReadingService against its peers, side by side, in one run.
+
+    python benchmarks/run.py [--quick] [--repeats 5] [--workers 1 2 4] [--out benchmarks/results]
+                             [--update-readme]
+
+For each workload (tiny items, CPU-heavy items, large tensors) and worker count, every peer
+(upstream MPRS, ours, torch.utils.data.DataLoader, torchdata's StatefulDataLoader) runs the same
+pipeline, in alternation, ``--repeats`` times; the report gives median items/s and the ratios
+ours / peer. Then: ``state_dict()`` and ``snapshot()`` latency while prefetching, restore time
+against the position ``k``, and memory across many snapshots. Results go to ``latest.json``,
+``latest.md`` and (with matplotlib) ``latest.png`` in ``--out``.
+
+These machines are shared and noisy: read medians, never single runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List
+
+warnings.filterwarnings("ignore")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torchdata  # noqa: E402
+from peers import Peer, peers  # noqa: E402
+from torchdata.dataloader2 import DataLoader2  # noqa: E402
+from workloads import Workload, calibrate_burn, workloads  # noqa: E402
+
+from torchdata_snapshot import MultiProcessingReadingService  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def throughput(peer: Peer, workload: Workload, num_workers: int) -> float:
+    """Items per second after the first item (workers started, pipeline warm)."""
+    items = workload.slow_items if peer.name == "upstream_mprs" else workload.items
+    loader = peer.make(workload.build(items), num_workers)
+    try:
+        it = iter(loader)
+        next(it)
+        count = 0
+        start = time.perf_counter()
+        for _ in it:
+            count += 1
+        return count / (time.perf_counter() - start)
+    finally:
+        peer.close(loader)
+        del loader
+        gc.collect()
+
+
+def run_throughput(
+    args: argparse.Namespace, loads: Dict[str, Workload], all_peers: Dict[str, Peer]
+) -> List[Dict]:
+    rows = []
+    for workload in loads.values():
+        for num_workers in args.workers:
+            samples: Dict[str, List[float]] = {name: [] for name in all_peers}
+            for _ in range(args.repeats):
+                for peer in all_peers.values():  # alternate: A B C D, A B C D, ...
+                    samples[peer.name].append(throughput(peer, workload, num_workers))
+            medians = {name: statistics.median(values) for name, values in samples.items()}
+            row = {
+                "workload": workload.name,
+                "num_workers": num_workers,
+                "median_items_per_s": medians,
+                "samples": samples,
+                "ratios": {name: medians["ours"] / medians[name] for name in medians if name != "ours"},
+            }
+            rows.append(row)
+            print(f"  {workload.name:13s} workers={num_workers}: "
+                  + "  ".join(f"{n}={v:,.0f}/s" for n, v in medians.items()), flush=True)  # fmt: skip
+    return rows
+
+
+def percentile(values: List[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_latency(args: argparse.Namespace, loads: Dict[str, Workload], all_peers: Dict[str, Peer]) -> Dict:
+    """state_dict() (and snapshot()) latency with 4 workers while prefetching, in ms."""
+    out: Dict[str, Any] = {}
+    calls = 20 if args.smoke else 300 if args.quick else 1000
+    for workload_name in ("tiny",) if args.smoke else ("tiny", "large_tensors"):
+        workload = loads[workload_name]
+        for peer_name in ("ours", "stateful_dataloader"):
+            if peer_name not in all_peers:
+                continue
+            peer = all_peers[peer_name]
+            loader = peer.make(workload.build(10**7), 4)
+            try:
+                it = iter(loader)
+                timings: Dict[str, List[float]] = {"state_dict": [], "snapshot": []}
+                for _ in range(calls):
+                    for _ in range(3):
+                        next(it)
+                    start = time.perf_counter()
+                    peer.state_dict(loader)  # type: ignore[misc]
+                    timings["state_dict"].append((time.perf_counter() - start) * 1e3)
+                    if peer_name == "ours":
+                        start = time.perf_counter()
+                        loader.reading_service.snapshot()
+                        timings["snapshot"].append((time.perf_counter() - start) * 1e3)
+            finally:
+                peer.close(loader)
+            for what, values in timings.items():
+                if values:
+                    key = f"{peer_name}.{what}.{workload_name}"
+                    out[key] = {"p50_ms": percentile(values, 0.5), "p99_ms": percentile(values, 0.99)}
+                    print(
+                        f"  {key}: p50 {out[key]['p50_ms']:.3f} ms  p99 {out[key]['p99_ms']:.3f} ms",
+                        flush=True,
+                    )
+    return out
+
+
+def run_restore(args: argparse.Namespace, loads: Dict[str, Workload]) -> List[Dict]:
+    """Time from DataLoader2.from_state() to the first item, against the position k (2 workers)."""
+    rows = []
+    ks = [10**2] if args.smoke else [10**3, 10**4, 10**5] if args.quick else [10**3, 10**4, 10**5, 10**6]
+    for k in ks:
+        samples = []
+        for _ in range(3 if args.quick else args.repeats):
+            rs = MultiProcessingReadingService(num_workers=2)
+            dl = DataLoader2(loads["tiny"].build(2 * k), reading_service=rs)
+            dl.seed(0)
+            it = iter(dl)
+            for _ in range(k):
+                next(it)
+            state = dl.state_dict()
+            dl.shutdown()
+            start = time.perf_counter()
+            again = DataLoader2.from_state(state, MultiProcessingReadingService(num_workers=2))
+            next(iter(again))
+            samples.append(time.perf_counter() - start)
+            again.shutdown()
+        rows.append(
+            {"k": k, "strategy": "replay", "median_s": statistics.median(samples), "samples": samples}
+        )
+        print(f"  restore replay k={k:>9,}: {statistics.median(samples):.3f} s", flush=True)
+    return rows
+
+
+def run_memory(args: argparse.Namespace, loads: Dict[str, Workload]) -> Dict:
+    count = 100 if args.smoke else 2_000 if args.quick else 10_000
+    dl = DataLoader2(loads["tiny"].build(10**7), reading_service=MultiProcessingReadingService(num_workers=4))
+    try:
+        it = iter(dl)
+        for _ in range(100 if args.smoke else 1_000):  # warm up: buffers, caches
+            next(it)
+            dl.reading_service.snapshot()
+            dl.state_dict()
+        gc.collect()
+        before = rss_bytes()
+        for _ in range(count):
+            next(it)
+            dl.reading_service.snapshot()
+            dl.state_dict()
+        gc.collect()
+        after = rss_bytes()
+    finally:
+        dl.shutdown()
+    result = {"snapshots": count, "rss_before_mb": before / 2**20, "rss_after_mb": after / 2**20}
+    print(
+        f"  memory: {count} snapshot()+state_dict(): RSS {before / 2**20:.1f} -> {after / 2**20:.1f} MB",
+        flush=True,
+    )
+    return result
+
+
+def markdown(results: Dict) -> str:
+    lines = [
+        f"Measured {results['date']} on {results['machine']} (torch {results['torch']}, "
+        f"torchdata {results['torchdata']}); medians of {results['repeats']} runs.",
+        "",
+        "| workload | workers | ours items/s | upstream MPRS | DataLoader | StatefulDataLoader "
+        "| ours/upstream | ours/DataLoader | ours/StatefulDataLoader |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in results["throughput"]:
+        m, r = row["median_items_per_s"], row["ratios"]
+        lines.append(
+            f"| {row['workload']} | {row['num_workers']} | {m['ours']:,.0f} | {m['upstream_mprs']:,.0f} "
+            f"| {m['dataloader']:,.0f} | {m.get('stateful_dataloader', float('nan')):,.0f} "
+            f"| {r['upstream_mprs']:.1f}x | {r['dataloader']:.2f}x "
+            f"| {r.get('stateful_dataloader', float('nan')):.2f}x |"
+        )
+    lines += ["", "| latency (4 workers, prefetching) | p50 | p99 |", "|---|---:|---:|"]
+    for key, value in results["latency"].items():
+        lines.append(f"| {key} | {value['p50_ms']:.3f} ms | {value['p99_ms']:.3f} ms |")
+    lines += ["", "| restore (2 workers, tiny items) | k | from_state to first item |", "|---|---:|---:|"]
+    for row in results["restore"]:
+        lines.append(f"| {row['strategy']} | {row['k']:,} | {row['median_s']:.3f} s |")
+    mem = results["memory"]
+    lines += [
+        "",
+        f"Memory: {mem['snapshots']:,} `snapshot()` + `state_dict()` calls: main-process RSS "
+        f"{mem['rss_before_mb']:.1f} MB -> {mem['rss_after_mb']:.1f} MB.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: Dict, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    names = ["ours", "upstream_mprs", "dataloader", "stateful_dataloader"]
+    loads = sorted({row["workload"] for row in results["throughput"]})
+    fig, axes = plt.subplots(1, len(loads), figsize=(5 * len(loads), 4))
+    for ax, load in zip(axes if len(loads) > 1 else [axes], loads):
+        rows = [row for row in results["throughput"] if row["workload"] == load]
+        width = 0.2
+        for i, name in enumerate(names):
+            xs = [j + i * width for j in range(len(rows))]
+            ys = [row["median_items_per_s"].get(name, 0) for row in rows]
+            ax.bar(xs, ys, width, label=name)
+        ax.set_xticks([j + 1.5 * width for j in range(len(rows))])
+        ax.set_xticklabels([f"{row['num_workers']} workers" for row in rows])
+        ax.set_yscale("log")
+        ax.set_title(load)
+        ax.set_ylabel("items/s (median)")
+    axes_list = axes if len(loads) > 1 else [axes]
+    axes_list[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return True
+
+
+def update_readme(table: str) -> None:
+    readme = Path(__file__).resolve().parent.parent / "README.md"
+    text = readme.read_text()
+    begin, end = "<!-- benchmark-table:begin -->", "<!-- benchmark-table:end -->"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        readme.write_text(f"{head}{begin}\n{table}{end}{tail}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer items and repeats")
+    parser.add_argument("--smoke", action="store_true", help="seconds-long run that only checks the plumbing")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--workloads", nargs="+", default=["tiny", "cpu_heavy", "large_tensors"])
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--update-readme", action="store_true", help="write the table into README.md")
+    args = parser.parse_args()
+    if args.smoke:
+        args.quick = True
+        args.repeats, args.workers, args.workloads = 1, [2], ["tiny"]
+    if args.quick:
+        args.repeats = min(args.repeats, 2)
+    loads = {name: w for name, w in workloads(calibrate_burn()).items() if name in args.workloads}
+    if args.quick:
+        scale = 100 if args.smoke else 10
+        loads = {name: Workload(w.name, w.description, w.build, w.items // scale, w.slow_items // scale)
+                 for name, w in loads.items()}  # fmt: skip
+    all_peers = peers()
+    results: Dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "torch": torch.__version__,
+        "torchdata": torchdata.__version__,
+        "repeats": args.repeats,
+        "workloads": {name: w.description for name, w in loads.items()},
+    }
+    print("throughput:", flush=True)
+    results["throughput"] = run_throughput(args, loads, all_peers)
+    print("latency:", flush=True)
+    results["latency"] = run_latency(args, workloads(1), all_peers)
+    print("restore:", flush=True)
+    results["restore"] = run_restore(args, workloads(1))
+    print("memory:", flush=True)
+    results["memory"] = run_memory(args, workloads(1))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "latest.json").write_text(json.dumps(results, indent=2))
+    table = markdown(results)
+    (args.out / "latest.md").write_text(table)
+    plotted = plot(results, args.out / "latest.png")
+    print()
+    print(table)
+    print(f"wrote {args.out / 'latest.json'}, {args.out / 'latest.md'}" + (", latest.png" if plotted else ""))
+    if args.update_readme:
+        update_readme(table)
+
+
+if __name__ == "__main__":
+    main()

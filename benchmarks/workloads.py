@@ -1,0 +1,79 @@
+"""The pipelines every peer runs: tiny items, CPU-heavy items, large tensors.
+
+Each workload builds the same IterDataPipe graph for every peer (DataLoader2 with upstream's or
+our reading service, ``torch.utils.data.DataLoader``, torchdata's ``StatefulDataLoader``; the
+last two accept an IterDataPipe as an IterableDataset and shard it per worker).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Dict
+
+import torch
+from torchdata.datapipes.iter import IterableWrapper
+
+
+def add_one(x: int) -> int:
+    return x + 1
+
+
+def burn(loops: int, x: int) -> int:
+    """About 1 ms of pure-Python work (``loops`` is calibrated on this machine)."""
+    total = x
+    for i in range(loops):
+        total += i * i
+    return total % 1000
+
+
+def big_tensor(numel: int, x: int) -> torch.Tensor:
+    """A ~1 MB tensor: where shared memory matters."""
+    return torch.full((numel,), float(x))
+
+
+def calibrate_burn(target_s: float = 0.001) -> int:
+    loops = 10_000
+    while True:
+        start = time.perf_counter()
+        burn(loops, 0)
+        elapsed = time.perf_counter() - start
+        if elapsed > 0.02:
+            return max(1, int(loops * target_s / elapsed))
+        loops *= 2
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    build: Callable[[int], Any]
+    items: int  # items per measured run for fast peers
+    slow_items: int  # items per run for upstream's MPRS (two orders of magnitude slower on tiny items)
+
+
+def workloads(burn_loops: int) -> Dict[str, Workload]:
+    return {
+        "tiny": Workload(
+            "tiny",
+            "range -> shuffle -> sharding_filter -> map(x + 1)",
+            lambda n: IterableWrapper(range(n)).shuffle().sharding_filter().map(add_one),
+            items=100_000,
+            slow_items=5_000,
+        ),
+        "cpu_heavy": Workload(
+            "cpu_heavy",
+            "range -> shuffle -> sharding_filter -> map(~1 ms of Python)",
+            lambda n: IterableWrapper(range(n)).shuffle().sharding_filter().map(partial(burn, burn_loops)),
+            items=2_000,
+            slow_items=2_000,
+        ),
+        "large_tensors": Workload(
+            "large_tensors",
+            "range -> sharding_filter -> map(1 MB float32 tensor)",
+            lambda n: IterableWrapper(range(n)).sharding_filter().map(partial(big_tensor, 256 * 1024)),
+            items=2_000,
+            slow_items=1_000,
+        ),
+    }

@@ -1,0 +1,23 @@
+"""The benchmark command runs end to end (a seconds-long smoke run) and writes its reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
+
+
+def test_benchmark_smoke_run_writes_table_and_json(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(RUN), "--smoke", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads((tmp_path / "latest.json").read_text())
+    (row,) = results["throughput"]
+    assert set(row["median_items_per_s"]) >= {"ours", "upstream_mprs", "dataloader"}
+    assert row["ratios"]["dataloader"] > 0
+    table = (tmp_path / "latest.md").read_text()
+    assert "| tiny | 2 |" in table and "ours.state_dict.tiny" in table
