@@ -18,7 +18,12 @@ from torchdata.dataloader2.graph import DataPipe
 
 from torchdata_snapshot.channel import Channel, ItemDecoder
 from torchdata_snapshot.checkpoint import Mark, WorkerPosition
-from torchdata_snapshot.errors import ProtocolError, ReadingServiceClosedError
+from torchdata_snapshot.errors import (
+    ProtocolError,
+    ReadingServiceClosedError,
+    ReadingServiceError,
+    WorkerError,
+)
 from torchdata_snapshot.messages import (
     ErrorResponse,
     GetNextRequest,
@@ -43,11 +48,14 @@ from torchdata_snapshot.messages import (
 )
 from torchdata_snapshot.snapshot import WorkerSnapshot
 
-__all__ = ["CONTROL_TIMEOUT_S", "WorkerConsumer", "credit_window"]
+__all__ = ["CONTROL_TIMEOUT_S", "TERMINATE_LOCK_WAIT_S", "WorkerConsumer", "credit_window"]
 
 #: Default bound on waiting for the answer to a control request (pause, state, reset, ...).
 #: A worker answers between two items, so this must exceed the time to produce one item.
 CONTROL_TIMEOUT_S = 120.0
+
+#: How long shutdown waits for another thread's exchange with the workers before it kills them.
+TERMINATE_LOCK_WAIT_S = 1.0
 
 
 def credit_window(num_workers: int, worker_prefetch_cnt: int, main_prefetch_cnt: int) -> int:
@@ -97,6 +105,9 @@ class WorkerConsumer(IterDataPipe):
         self.data_timeout_s = data_timeout_s
         self.epoch = -1
         self.closed = False
+        # Set when an operation was interrupted between a request and its answer, or a message
+        # was lost: the pipes can no longer be trusted, and nothing may be read from them.
+        self.broken: Optional[str] = None
         self.lock = threading.RLock()
         self.buffers: List[Deque[Any]] = [deque() for _ in self.channels]
         self.received = [0] * self.num_workers
@@ -131,6 +142,7 @@ class WorkerConsumer(IterDataPipe):
     def next_item(self, epoch: int) -> Any:
         """The next item of the round-robin order; ``StopIteration`` when every stream ended."""
         with self.lock:
+            self._check_not_broken()
             if epoch != self.epoch or self.closed:
                 raise StopIteration
             while True:
@@ -167,10 +179,27 @@ class WorkerConsumer(IterDataPipe):
             self.channels[worker_id].send(GetNextRequest(self.epoch, count))
 
     def _read(self, worker_id: int, timeout_s: Optional[float], what: str) -> Any:
-        """Read one message from worker ``worker_id``; data goes to its buffer, others are returned."""
-        response = self.channels[worker_id].recv(timeout_s, what=what)
+        """Read one message from worker ``worker_id``; data goes to its buffer, others are returned.
+
+        A read that does not complete (the worker died, the wait timed out, Ctrl-C) leaves the
+        consumer ``broken``; after ``request_terminate`` a dead worker means "shut down".
+        """
+        channel = self.channels[worker_id]
+        try:
+            response = channel.recv(timeout_s, what=what)
+            if isinstance(response, ItemsResponse):
+                items = ItemDecoder.decode(response.count, response.payload)
+        except WorkerError as e:
+            if self.closed:
+                raise ReadingServiceClosedError(
+                    f"the reading service was shut down while waiting for {what} from {channel.name}"
+                ) from e
+            self.broken = f"{type(e).__name__}: {e}"
+            raise
+        except BaseException as e:
+            self.broken = f"{type(e).__name__} while waiting for {what}"
+            raise
         if isinstance(response, ItemsResponse):
-            items = ItemDecoder.decode(response.count, response.payload)
             if response.epoch == self.epoch:
                 self.buffers[worker_id].extend(items)
                 self.received[worker_id] += response.count
@@ -191,40 +220,58 @@ class WorkerConsumer(IterDataPipe):
     # --- control path ---------------------------------------------------------------------------
 
     def _await(self, worker_id: int, expected: Type[Any], what: str) -> Any:
-        """Read worker ``worker_id``'s pipe up to the response of type ``expected``.
-
-        Items read on the way are buffered (they precede the answer in the worker's stream).
-        An ``ErrorResponse`` is re-raised.
-        """
+        """Read worker ``worker_id``'s pipe up to its response of type ``expected`` (or an
+        ``ErrorResponse``, returned as well). Items read on the way are buffered: they precede
+        the answer in the worker's stream."""
         while True:
             response = self._read(worker_id, timeout_s=self.control_timeout_s, what=what)
             if response is None:
                 continue
-            if isinstance(response, expected):
+            if isinstance(response, (expected, ErrorResponse)):
                 return response
             if isinstance(response, ReplayProgressResponse):
                 continue  # a long replay, alive: the bounded wait starts again
-            if isinstance(response, ErrorResponse):
-                response.exc.reraise()
+            self.broken = f"unexpected {type(response).__name__}"
             raise ProtocolError(
                 f"{self.channels[worker_id].name} answered {type(response).__name__} while "
                 f"{expected.__name__} was expected"
             )
 
     def request_all(self, make_request: Callable[[int], Any], expected: Type[Any]) -> List[Any]:
-        """Send one request to every worker, then collect every answer (in parallel, not in turn)."""
+        """Send one request to every worker, then collect every answer (in parallel, not in turn).
+
+        All answers are read before an error answer is raised, so that no answer is left in a
+        pipe; anything else that interrupts the exchange leaves the consumer ``broken``.
+        """
         with self.lock:
             self._check_open()
-            for worker_id, channel in enumerate(self.channels):
-                channel.send(make_request(worker_id))
-            return [
-                self._await(worker_id, expected, what=expected.__name__)
-                for worker_id in range(self.num_workers)
-            ]
+            try:
+                for worker_id, channel in enumerate(self.channels):
+                    channel.send(make_request(worker_id))
+                answers = [
+                    self._await(worker_id, expected, what=expected.__name__)
+                    for worker_id in range(self.num_workers)
+                ]
+            except BaseException as e:
+                if self.broken is None:
+                    self.broken = f"{type(e).__name__} during {expected.__name__}"
+                raise
+            for answer in answers:
+                if isinstance(answer, ErrorResponse):
+                    answer.exc.reraise()
+            return answers
 
     def _check_open(self) -> None:
         if self.closed:
             raise ReadingServiceClosedError("the reading service was shut down; its workers are gone")
+        self._check_not_broken()
+
+    def _check_not_broken(self) -> None:
+        if self.broken is not None:
+            raise ReadingServiceError(
+                f"the reading service cannot continue after an interrupted exchange with its workers "
+                f"({self.broken}): a message may be lost. Shut it down and restore the last checkpoint."
+            )
 
     def reset_epoch(
         self, epoch: int, seed_generators: Sequence[Any], iter_reset_fn: Optional[Callable]
@@ -323,35 +370,44 @@ class WorkerConsumer(IterDataPipe):
             buffered_in_main=self.received[worker_id] - self.delivered[worker_id],
         )
 
-    def request_terminate(self, timeout_s: float) -> None:
-        """Ask every worker to stop and read up to its answer; errors of dead workers are ignored.
+    def request_terminate(self, timeout_s: float) -> bool:
+        """Ask every worker to stop and read up to its answer (bounded). Idempotent.
 
-        Idempotent. Items still in flight are read and dropped (tensors in them are released).
+        Items still in flight are read and dropped (tensors in them are released). Returns
+        whether every worker said goodbye; if not (a worker is dead or stuck, the pipes cannot be
+        trusted, or another thread is in the middle of an exchange) the caller kills them.
         """
-        with self.lock:
-            if self.closed:
-                return
+        if not self.lock.acquire(timeout=TERMINATE_LOCK_WAIT_S):
+            # Another thread is mid-exchange (a snapshot, a read in a tail's thread): it will
+            # see ReadingServiceClosedError once the processes are killed.
             self.closed = True
-            self.epoch = -2  # whatever is still in flight is stale
-            sent = []
-            for channel in self.channels:
-                try:
-                    channel.send(TerminateRequest())
-                    sent.append(channel)
-                except Exception:
+            return False
+        try:
+            return self._terminate(timeout_s)
+        finally:
+            self.lock.release()
+
+    def _terminate(self, timeout_s: float) -> bool:
+        if self.closed:
+            return True
+        self.closed = True
+        if self.broken is not None:
+            return False  # the pipes cannot be trusted
+        self.epoch = -2  # whatever is still in flight is stale
+        said_goodbye = 0
+        for worker_id, channel in enumerate(self.channels):
+            try:
+                channel.send(TerminateRequest())
+                while not isinstance(
+                    self._read(worker_id, timeout_s, "TerminateResponse"), TerminateResponse
+                ):
                     pass
-            for worker_id, channel in enumerate(self.channels):
-                if channel not in sent:
-                    continue
-                try:
-                    while not isinstance(
-                        self._read(worker_id, timeout_s, "TerminateResponse"), TerminateResponse
-                    ):
-                        pass
-                except Exception:
-                    pass
-            for buffer in self.buffers:
-                buffer.clear()
+                said_goodbye += 1
+            except Exception:
+                pass
+        for buffer in self.buffers:
+            buffer.clear()
+        return said_goodbye == self.num_workers
 
 
 class _ConsumerIterator:

@@ -8,6 +8,7 @@ NOTE [ Snapshot protocol ] (:mod:`torchdata_snapshot.worker`).
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -62,6 +63,23 @@ __all__ = ["JOIN_TIMEOUT_S", "MultiProcessingReadingService"]
 
 #: How long ``finalize()`` waits for each process to exit before killing it.
 JOIN_TIMEOUT_S = 10.0
+
+
+def _shut_down_when_broken(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a control operation; if it left the processes in an unknown state (a worker died, a
+    wait timed out, Ctrl-C between a request and its answer), shut everything down before the
+    exception propagates: no process outlives the failure, no later call reads a stale answer."""
+
+    @functools.wraps(method)
+    def guarded(self: "MultiProcessingReadingService", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            if self._broken() and not self._finalized:
+                self.finalize()
+            raise
+
+    return guarded
 
 
 def advance_epoch_seed(seed_generator: SeedGenerator, epoch: int) -> None:
@@ -178,6 +196,7 @@ class MultiProcessingReadingService(
         self._worker_datapipes: List[DataPipe] = []
         self._worker_consumer_datapipe: Optional[WorkerConsumer] = None
         self._dispatcher_channel: Optional[Channel] = None
+        self._dispatcher_broken: Optional[str] = None
         self._main_prefetch_datapipe = None
         self._end_datapipe: Optional[Outlet] = None
         self._main_datapipes: List[DataPipe] = []
@@ -278,7 +297,7 @@ class MultiProcessingReadingService(
         except BaseException:
             for channel in channels:
                 channel.close()
-            self._kill_processes()
+            self._kill_processes(0.0)
             raise
         window = credit_window(self.num_workers, self.worker_prefetch_cnt, self.main_prefetch_cnt)
         consumer = WorkerConsumer(channels, window, self.control_timeout_s, self.timeout_s)
@@ -326,8 +345,12 @@ class MultiProcessingReadingService(
         """Send one control request to the dispatching process and return its answer."""
         channel = self._dispatcher_channel
         assert channel is not None
-        channel.send(request)
-        response = channel.recv(self.control_timeout_s, what=expected.__name__)
+        try:
+            channel.send(request)
+            response = channel.recv(self.control_timeout_s, what=expected.__name__)
+        except BaseException as e:
+            self._dispatcher_broken = f"{type(e).__name__} during {expected.__name__}"
+            raise
         if isinstance(response, ErrorResponse):
             response.exc.reraise()
         if not isinstance(response, expected):
@@ -336,6 +359,11 @@ class MultiProcessingReadingService(
             )
         return response
 
+    def _broken(self) -> bool:
+        consumer = self._worker_consumer_datapipe
+        return self._dispatcher_broken is not None or (consumer is not None and consumer.broken is not None)
+
+    @_shut_down_when_broken
     def initialize_iteration(
         self, seed_generator: SeedGenerator, iter_reset_fn: Optional[Callable[[DataPipe], DataPipe]] = None
     ) -> Optional[Callable[[DataPipe], DataPipe]]:
@@ -392,19 +420,25 @@ class MultiProcessingReadingService(
         pass
 
     def finalize(self) -> None:
-        """Stop every process (bounded waits, then kill) and release the pipes. Idempotent."""
+        """Stop every process and release the pipes. Idempotent, bounded.
+
+        Healthy processes are asked to terminate and get ``min(JOIN_TIMEOUT_S,
+        control_timeout_s)`` to exit; after a failure (a dead or stuck process, an interrupted
+        exchange) the survivors are killed at once, there being nothing to say goodbye to.
+        """
         if getattr(self, "_finalized", True):
             return
         self._finalized = True
         consumer = self._worker_consumer_datapipe
-        if consumer is not None:
-            consumer.request_terminate(timeout_s=self._join_timeout_s())
+        graceful = consumer is None or consumer.request_terminate(timeout_s=self._join_timeout_s())
         if self._dispatcher_channel is not None:
             try:
+                if not graceful or self._dispatcher_broken is not None:
+                    raise ReadingServiceError("no graceful goodbye")
                 self._ask_dispatcher(TerminateRequest(), TerminateResponse)
             except Exception:
-                pass  # a dead or stuck dispatcher is killed below
-        self._kill_processes()
+                graceful = False
+        self._kill_processes(self._join_timeout_s() if graceful else 0.0)
         if consumer is not None:
             for channel in consumer.channels:
                 channel.close()
@@ -415,17 +449,19 @@ class MultiProcessingReadingService(
         """How long shutdown waits for a process to answer and exit before killing it."""
         return min(JOIN_TIMEOUT_S, self.control_timeout_s)
 
-    def _kill_processes(self) -> None:
+    def _kill_processes(self, wait_s: float) -> None:
+        """Join every process within ``wait_s``, then kill those still alive (bounded)."""
         processes = list(self._worker_processes)
         if self._dispatch_process is not None:
             processes.append(self._dispatch_process)
-        deadline = time.monotonic() + self._join_timeout_s()
+        deadline = time.monotonic() + wait_s
         for process in processes:
             process.join(max(0.0, deadline - time.monotonic()))
         for process in processes:
             if process.exitcode is None:
                 process.kill()
-                process.join(JOIN_TIMEOUT_S)
+        for process in processes:
+            process.join(JOIN_TIMEOUT_S)
 
     # --- checkpoint / restore -------------------------------------------------------------------
 
@@ -485,6 +521,7 @@ class MultiProcessingReadingService(
     def _pausable_main_datapipes(self) -> List[DataPipe]:
         return [dp for dp in self._main_datapipes if callable(getattr(dp, "pause", None))]
 
+    @_shut_down_when_broken
     def _pause(
         self, pause_fn: Optional[Callable[[DataPipe], DataPipe]] = None
     ) -> Optional[Callable[[DataPipe], DataPipe]]:
@@ -500,6 +537,7 @@ class MultiProcessingReadingService(
         self._paused = True
         return None
 
+    @_shut_down_when_broken
     def _resume(
         self, resume_fn: Optional[Callable[[DataPipe], DataPipe]] = None
     ) -> Optional[Callable[[DataPipe], DataPipe]]:
@@ -513,6 +551,7 @@ class MultiProcessingReadingService(
         self._paused = False
         return None
 
+    @_shut_down_when_broken
     def _limit(
         self,
         num_batches: Optional[int],
@@ -544,6 +583,7 @@ class MultiProcessingReadingService(
                 "its workers are gone, so there is no state to report"
             )
 
+    @_shut_down_when_broken
     def snapshot(self) -> List[WorkerSnapshot]:
         """One :class:`WorkerSnapshot` per worker, taken at one consistent point.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import time
 from typing import Any, Dict, Iterator, List
 
@@ -180,3 +181,69 @@ def stuck_at_5(x: int) -> int:
 
         threading.Event().wait()
     return x
+
+
+# --- faults ----------------------------------------------------------------------------------------
+
+
+def kill_once_at(marker: str, k: int, x: int) -> int:
+    """SIGKILL the process producing item ``k`` if ``marker`` exists (and remove it: once only)."""
+    if x == k and os.path.exists(marker):
+        os.unlink(marker)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+class Passthrough(IterDataPipe):
+    def __init__(self, source: IterDataPipe) -> None:
+        self.source = source
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from self.source
+
+
+class KillOnStateDict(Passthrough):
+    """Its worker dies (SIGKILL) while answering a snapshot."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        os.kill(os.getpid(), signal.SIGKILL)
+        return {}
+
+
+class FailingStateDict(Passthrough):
+    def state_dict(self) -> Dict[str, Any]:
+        raise OSError("the index file is gone")
+
+
+class UnpicklableState(Passthrough):
+    def state_dict(self) -> Dict[str, Any]:
+        import threading
+
+        return {"position": 3, "lock": threading.Lock()}
+
+
+class InterruptOnStateDict(Passthrough):
+    """Sends Ctrl-C (SIGINT) to the main process while it waits for a snapshot, then hangs."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        import threading
+
+        os.kill(os.getppid(), signal.SIGINT)
+        threading.Event().wait()
+        return {}
+
+
+class BlockOnStateDict(Passthrough):
+    """Announces through the FIFO ``fifo`` that a snapshot reached it, then hangs."""
+
+    def __init__(self, source: IterDataPipe, fifo: str) -> None:
+        super().__init__(source)
+        self.fifo = fifo
+
+    def state_dict(self) -> Dict[str, Any]:
+        import threading
+
+        with open(self.fifo, "wb") as f:
+            f.write(b"in state_dict")
+        threading.Event().wait()
+        return {}

@@ -1,0 +1,228 @@
+"""SPEC §5: every fault ends in a clear exception within a bounded time, leaves no orphan process
+(the autouse guard of conftest.py checks that after every test) and never returns wrong data."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any, List
+
+import psutil
+import pytest
+from pipelines import (
+    BlockOnStateDict,
+    FailingStateDict,
+    InterruptOnStateDict,
+    KillOnStateDict,
+    UnpicklableState,
+    double,
+    kill_once_at,
+    pipeline,
+    rs,
+    take,
+    tiny,
+)
+from torchdata.dataloader2 import DataLoader2
+from torchdata.datapipes.iter import IterableWrapper
+
+from torchdata_snapshot import (
+    ReadingServiceClosedError,
+    ReadingServiceError,
+    StateCaptureError,
+    WorkerDiedError,
+)
+
+BOUND_S = 30.0  # generous: every fault must surface well within this
+
+
+def killing(marker: Path, k: int, n: int = 100) -> Any:
+    return IterableWrapper(range(n)).sharding_filter().map(partial(kill_once_at, str(marker), k)).map(double)
+
+
+def reference_of(datapipe: Any, make_dl: Any) -> List[Any]:
+    return list(make_dl(datapipe, rs(2)))
+
+
+def test_a_worker_killed_mid_iteration(make_dl: Any, tmp_path: Path) -> None:
+    reference = reference_of(killing(tmp_path / "absent", 41), make_dl)
+    marker = tmp_path / "kill"
+    marker.touch()
+    dl = make_dl(killing(marker, 41), rs(2))
+    got = []
+    start = time.monotonic()
+    with pytest.raises(
+        WorkerDiedError, match=r"worker 1 \(pid \d+\) exited unexpectedly with exit code -9 \(SIGKILL\)"
+    ):
+        for x in dl:
+            got.append(x)
+    assert time.monotonic() - start < BOUND_S
+    assert got == reference[: len(got)], "what was delivered before the death is exactly right"
+    assert not marker.exists(), "the worker really died at item 41"
+
+
+def test_a_worker_killed_during_snapshot(make_dl: Any) -> None:
+    dl = make_dl(KillOnStateDict(IterableWrapper(range(50))).sharding_filter(), rs(2))
+    take(iter(dl), 3)
+    start = time.monotonic()
+    with pytest.raises(
+        WorkerDiedError, match=r"worker [01] \(pid \d+\) exited unexpectedly with exit code -9"
+    ):
+        dl.reading_service.snapshot()
+    assert time.monotonic() - start < BOUND_S
+    with pytest.raises(ReadingServiceClosedError):
+        dl.reading_service.snapshot()  # the service shut itself down: nothing is left running
+
+
+def test_state_dict_after_a_worker_died_is_still_exact(make_dl: Any) -> None:
+    # state_dict() asks no worker: it records what the user received, which a death cannot change.
+    reference = reference_of(tiny(60), make_dl)
+    dl = make_dl(tiny(60), rs(2))
+    it = iter(dl)
+    head = take(it, 11)
+    os.kill(dl.reading_service.snapshot()[0].pid, signal.SIGKILL)
+    state = dl.state_dict()
+    with pytest.raises(WorkerDiedError, match="worker 0"):
+        list(it)
+    again = DataLoader2.from_state(state, rs(2))
+    try:
+        assert head + list(again) == reference
+    finally:
+        again.shutdown()
+
+
+def test_a_worker_killed_while_replaying_a_restore(make_dl: Any, tmp_path: Path) -> None:
+    dl = make_dl(killing(tmp_path / "absent", 15), rs(2))
+    take(iter(dl), 40)  # the replay of worker 1 passes item 15
+    state = dl.state_dict()
+    (tmp_path / "absent").touch()
+    again = DataLoader2.from_state(state, rs(2))
+    start = time.monotonic()
+    try:
+        with pytest.raises(WorkerDiedError, match=r"worker 1 .* exit code -9"):
+            list(again)
+    finally:
+        again.shutdown()
+    assert time.monotonic() - start < BOUND_S
+
+
+def test_the_dispatching_process_killed(make_dl: Any) -> None:
+    dl = make_dl(pipeline("dispatch", 5000), rs(2))
+    it = iter(dl)
+    take(it, 5)
+    dispatcher = dl.reading_service.snapshot()[-1]
+    assert dispatcher.role == "dispatcher"
+    os.kill(dispatcher.pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(
+        WorkerDiedError, match=rf"dispatching process \(pid {dispatcher.pid}\) exited unexpectedly"
+    ):
+        list(it)
+    assert time.monotonic() - start < BOUND_S
+
+
+_ORPHAN_SCRIPT = """
+import os, signal, sys, warnings
+warnings.filterwarnings("ignore")
+sys.path.insert(0, {path!r})
+from pipelines import pipeline, rs
+from torchdata.dataloader2 import DataLoader2
+dl = DataLoader2(pipeline("dispatch", 10000), reading_service=rs(2))
+it = iter(dl)
+next(it)
+pids = [s.pid for s in dl.reading_service.snapshot()]
+print(" ".join(map(str, pids)), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_training_process_leaves_no_orphans() -> None:
+    script = _ORPHAN_SCRIPT.format(path=str(Path(__file__).parent))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    pids = [int(p) for p in done.stdout.split()]
+    assert len(pids) == 3, "two workers and the dispatching process"
+    processes = []
+    for pid in pids:
+        try:
+            processes.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(processes, timeout=BOUND_S)
+    for process in alive:
+        process.kill()
+    assert not alive, "workers must notice that their parent is gone and exit"
+
+
+def test_a_failing_state_dict_names_the_datapipe_and_the_service_goes_on(make_dl: Any) -> None:
+    reference = list(make_dl(FailingStateDict(IterableWrapper(range(30))).sharding_filter(), rs(2)))
+    dl = make_dl(FailingStateDict(IterableWrapper(range(30))).sharding_filter(), rs(2))
+    it = iter(dl)
+    head = take(it, 4)
+    with pytest.raises(
+        StateCaptureError, match=r"state_dict\(\) of DataPipe \d+:FailingStateDict .* OSError: the index"
+    ):
+        dl.reading_service.snapshot()
+    assert head + list(it) == reference, "every answer was read: the data goes on exactly"
+
+
+def test_an_unpicklable_state_names_the_datapipe_and_the_attribute(make_dl: Any) -> None:
+    dl = make_dl(UnpicklableState(IterableWrapper(range(30))).sharding_filter(), rs(2))
+    take(iter(dl), 4)
+    with pytest.raises(
+        StateCaptureError, match=r"DataPipe \d+:UnpicklableState .* cannot be pickled \(attribute 'lock'\)"
+    ):
+        dl.reading_service.snapshot()
+
+
+def test_ctrl_c_during_a_snapshot_shuts_the_service_down(make_dl: Any) -> None:
+    dl = make_dl(InterruptOnStateDict(IterableWrapper(range(30))).sharding_filter(), rs(2))
+    it = iter(dl)
+    take(it, 2)
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        dl.reading_service.snapshot()
+    assert time.monotonic() - start < BOUND_S
+    with pytest.raises(ReadingServiceClosedError):
+        dl.reading_service.snapshot()
+    with pytest.raises(ReadingServiceError, match="cannot continue after an interrupted exchange"):
+        next(it)  # never a silent StopIteration: a message may have been lost
+
+
+def test_shutdown_from_another_thread_during_a_snapshot(make_dl: Any, tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    dl = make_dl(BlockOnStateDict(IterableWrapper(range(30)), str(fifo)).sharding_filter(), rs(2))
+    take(iter(dl), 2)
+    outcome: List[BaseException] = []
+
+    def snapshot() -> None:
+        try:
+            dl.reading_service.snapshot()
+        except BaseException as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=snapshot)
+    thread.start()
+    with open(fifo, "rb") as f:  # returns once a worker is inside state_dict(), mid-snapshot
+        assert f.read()
+    start = time.monotonic()
+    dl.shutdown()
+    thread.join(BOUND_S)
+    assert not thread.is_alive() and time.monotonic() - start < BOUND_S
+    assert len(outcome) == 1 and isinstance(outcome[0], ReadingServiceClosedError), outcome
+    assert "shut down while waiting for GetStateResponse" in str(outcome[0])
+
+
+def test_an_interrupted_read_never_continues_silently() -> None:
+    from torchdata_snapshot.consumer import WorkerConsumer
+
+    consumer = WorkerConsumer([], window=1)
+    consumer.broken = "KeyboardInterrupt while waiting for an item"
+    with pytest.raises(ReadingServiceError, match="cannot continue after an interrupted exchange"):
+        consumer.next_item(consumer.epoch)
