@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Type
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Type
 
 from torch.utils.data import IterDataPipe
 from torchdata._utils import ExceptionWrapper
@@ -22,6 +22,7 @@ from torchdata_snapshot.errors import (
     ProtocolError,
     ReadingServiceClosedError,
     ReadingServiceError,
+    WorkerDiedError,
     WorkerError,
 )
 from torchdata_snapshot.messages import (
@@ -62,6 +63,10 @@ def credit_window(num_workers: int, worker_prefetch_cnt: int, main_prefetch_cnt:
     """Items that may be outstanding per worker: its own prefetch, its share of the main
     process's prefetch, and the one item being asked for."""
     return worker_prefetch_cnt + -(-main_prefetch_cnt // max(1, num_workers)) + 1
+
+
+class _Healed(Exception):
+    """Raised by ``_read`` after a dead worker was replaced: the read is to be done again."""
 
 
 class _EndOfStream:
@@ -123,6 +128,14 @@ class WorkerConsumer(IterDataPipe):
         # every item handed downstream pushes its worker id (see Outlet).
         self.handoff: Optional[Deque[int]] = None
         self.user_position: Optional[List[int]] = None
+        # Self-healing (off unless the reading service sets `respawn`): a worker that dies
+        # mid-epoch is replaced and brought back to the items already received from it.
+        self.respawn: Optional[Callable[[int], Channel]] = None
+        self.restarts_allowed = 0
+        self.restarts = [0] * self.num_workers
+        self.paused = False
+        self._epoch_seeds: Sequence[Any] = ()
+        self._epoch_iter_reset_fn: Optional[Callable] = None
 
     # DataPipe graph traversal pickles DataPipes to find their parents: this one has none, and
     # its pipes and processes must never be pickled.
@@ -154,7 +167,10 @@ class WorkerConsumer(IterDataPipe):
                     continue
                 buffer = self.buffers[worker_id]
                 if not buffer:
-                    self._read(worker_id, timeout_s=self.data_timeout_s, what="an item")
+                    try:
+                        self._read(worker_id, timeout_s=self.data_timeout_s, what="an item")
+                    except _Healed:
+                        pass  # a fresh worker continues exactly where the dead one stopped
                     continue
                 item = buffer.popleft()
                 if item is _END:
@@ -194,6 +210,9 @@ class WorkerConsumer(IterDataPipe):
                 raise ReadingServiceClosedError(
                     f"the reading service was shut down while waiting for {what} from {channel.name}"
                 ) from e
+            if isinstance(e, WorkerDiedError) and self._may_heal(worker_id):
+                self._heal(worker_id, e)
+                raise _Healed from e
             self.broken = f"{type(e).__name__}: {e}"
             raise
         except BaseException as e:
@@ -219,12 +238,19 @@ class WorkerConsumer(IterDataPipe):
 
     # --- control path ---------------------------------------------------------------------------
 
-    def _await(self, worker_id: int, expected: Type[Any], what: str) -> Any:
+    def _await(self, worker_id: int, expected: Type[Any], what: str, request: Any = None) -> Any:
         """Read worker ``worker_id``'s pipe up to its response of type ``expected`` (or an
         ``ErrorResponse``, returned as well). Items read on the way are buffered: they precede
-        the answer in the worker's stream."""
+        the answer in the worker's stream. If the worker died and was replaced, ``request`` is
+        sent again to the new one."""
         while True:
-            response = self._read(worker_id, timeout_s=self.control_timeout_s, what=what)
+            try:
+                response = self._read(worker_id, timeout_s=self.control_timeout_s, what=what)
+            except _Healed:
+                if request is None:
+                    raise
+                self._send(worker_id, request, heal=True)
+                continue
             if response is None:
                 continue
             if isinstance(response, (expected, ErrorResponse)):
@@ -246,11 +272,14 @@ class WorkerConsumer(IterDataPipe):
         with self.lock:
             self._check_open()
             try:
-                for worker_id, channel in enumerate(self.channels):
-                    channel.send(make_request(worker_id))
+                requests = [make_request(worker_id) for worker_id in range(self.num_workers)]
+                # A request that only reads or sets state is sent again to a replaced worker.
+                resendable = expected in (GetStateResponse, PauseResponse, ResumeResponse, LimitResponse)
+                for worker_id, request in enumerate(requests):
+                    self._send(worker_id, request, heal=resendable)
                 answers = [
-                    self._await(worker_id, expected, what=expected.__name__)
-                    for worker_id in range(self.num_workers)
+                    self._await(worker_id, expected, expected.__name__, request if resendable else None)
+                    for worker_id, request in enumerate(requests)
                 ]
             except BaseException as e:
                 if self.broken is None:
@@ -260,6 +289,16 @@ class WorkerConsumer(IterDataPipe):
                 if isinstance(answer, ErrorResponse):
                     answer.exc.reraise()
             return answers
+
+    def _send(self, worker_id: int, request: Any, heal: bool) -> None:
+        """Send ``request``; a worker found dead is replaced first if ``heal`` allows it."""
+        try:
+            self.channels[worker_id].send(request)
+        except WorkerDiedError as e:
+            if not (heal and self._may_heal(worker_id)):
+                raise
+            self._heal(worker_id, e)
+            self.channels[worker_id].send(request)
 
     def _check_open(self) -> None:
         if self.closed:
@@ -284,6 +323,8 @@ class WorkerConsumer(IterDataPipe):
         with self.lock:
             self._check_open()
             self.epoch = epoch  # from here on, responses of older epochs are stale
+            self._epoch_seeds, self._epoch_iter_reset_fn = seed_generators, iter_reset_fn
+            self.restarts = [0] * self.num_workers
             self.request_all(
                 lambda i: ResetEpochRequest(epoch, seed_generators[i], iter_reset_fn), ResetEpochResponse
             )
@@ -325,9 +366,60 @@ class WorkerConsumer(IterDataPipe):
 
     def request_pause(self, pause_fn: Optional[Callable[[DataPipe], DataPipe]] = None) -> None:
         self.request_all(lambda i: PauseRequest(pause_fn), PauseResponse)
+        self.paused = True
 
     def request_resume(self, resume_fn: Optional[Callable[[DataPipe], DataPipe]] = None) -> None:
         self.request_all(lambda i: ResumeRequest(resume_fn), ResumeResponse)
+        self.paused = False
+
+    # --- self-healing ---------------------------------------------------------------------------
+
+    def _may_heal(self, worker_id: int) -> bool:
+        return self.respawn is not None and self.epoch >= 0 and not self.closed
+
+    def _heal(self, worker_id: int, death: WorkerDiedError) -> None:
+        """Replace dead worker ``worker_id`` by a new process that replays, inside itself, the
+        ``received[worker_id]`` items this process already has, then streams on: the data is
+        exactly what the dead worker would have sent. Bounded by ``restarts_allowed``."""
+        self.restarts[worker_id] += 1
+        if self.restarts[worker_id] > self.restarts_allowed:
+            self.broken = f"worker {worker_id} died {self.restarts[worker_id]} times this epoch"
+            raise WorkerDiedError(
+                f"{death} (it was restarted {self.restarts_allowed} times this epoch already: giving up)"
+            ) from death
+        assert self.respawn is not None
+        self.channels[worker_id].close()
+        channel = self.respawn(worker_id)
+        self.channels[worker_id] = channel
+        position = self.received[worker_id]
+        candidates = [self.best_marks[worker_id], *self.marks[worker_id]]
+        mark = max((m for m in candidates if m is not None and m[0] <= position), default=None)
+        steps: List[Tuple[Any, Type[Any]]] = [
+            (
+                ResetEpochRequest(self.epoch, self._epoch_seeds[worker_id], self._epoch_iter_reset_fn),
+                ResetEpochResponse,
+            ),
+            (ReplayRequest(self.epoch, position, mark), ReplayResponse),
+        ]
+        if self.paused:
+            steps.append((PauseRequest(), PauseResponse))
+        try:
+            for request, expected in steps:
+                channel.send(request)
+                while True:
+                    answer = channel.recv(
+                        self.control_timeout_s, what=f"{expected.__name__} of a restarted worker"
+                    )
+                    if isinstance(answer, ErrorResponse):
+                        answer.exc.reraise()
+                    if isinstance(answer, expected):
+                        break
+            outstanding = self.granted[worker_id] - position
+            if outstanding > 0:
+                channel.send(GetNextRequest(self.epoch, outstanding))
+        except BaseException as e:
+            self.broken = f"restarting worker {worker_id} failed: {type(e).__name__}: {e}"
+            raise
 
     def request_limit(
         self,

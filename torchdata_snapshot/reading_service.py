@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch.multiprocessing as mp
@@ -71,7 +72,7 @@ def _shut_down_when_broken(method: Callable[..., Any]) -> Callable[..., Any]:
     exception propagates: no process outlives the failure, no later call reads a stale answer."""
 
     @functools.wraps(method)
-    def guarded(self: "MultiProcessingReadingService", *args: Any, **kwargs: Any) -> Any:
+    def guarded(self: MultiProcessingReadingService, *args: Any, **kwargs: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
         except BaseException:
@@ -145,6 +146,12 @@ class MultiProcessingReadingService(
             global RNG states (seeded by DataLoader2 like a worker's), so that the training loop's
             draws never change the data and a restored epoch replays exactly. Costs tens of
             microseconds per item; turn it off for in-process pipelines that use no global RNG.
+        restart_dead_workers: self-healing: how many times per epoch a worker that dies may be
+            replaced by a new process, which replays its stream (inside itself) to what the main
+            process already received and continues; the data is exactly what the dead worker
+            would have produced. ``0`` (default) raises :class:`WorkerDiedError` instead. Not
+            available with ``sharding_round_robin_dispatch``; a ``pause_fn``/``limit_fn``
+            applied to the dead worker's graph is not applied again.
     """
 
     def __init__(
@@ -161,6 +168,7 @@ class MultiProcessingReadingService(
         timeout_s: Optional[float] = None,
         verify_replay: bool = True,
         isolate_rng: bool = True,
+        restart_dead_workers: int = 0,
     ) -> None:
         # Upstream's __init__ is not called: it asserts instead of raising and warns that
         # num_workers=0 should use InProcessReadingService, which is not true here.
@@ -186,12 +194,14 @@ class MultiProcessingReadingService(
         self.timeout_s = timeout_s
         self.verify_replay = bool(verify_replay)
         self.isolate_rng = bool(isolate_rng)
+        self.restart_dead_workers = _check_count("restart_dead_workers", restart_dead_workers)
         self._mp = num_workers > 0
         self._reset_runtime()
 
     def _reset_runtime(self) -> None:
         """Everything that only exists between ``initialize`` and ``finalize``."""
         self._worker_processes: List[Any] = []
+        self._worker_graph: Any = None
         self._dispatch_process = None
         self._worker_datapipes: List[DataPipe] = []
         self._worker_consumer_datapipe: Optional[WorkerConsumer] = None
@@ -266,34 +276,17 @@ class MultiProcessingReadingService(
                 f"found {len(replicable_dps)}: {[type(dp).__name__ for dp in replicable_dps]}"
             )
         replicable_dp = replicable_dps[0]
-        options = WorkerOptions(self.worker_init_fn, self.worker_reset_fn, self.batching, self.verify_replay)
-        dispatcher_pid = None if self._dispatch_process is None else self._dispatch_process.pid
+        if self.restart_dead_workers and dispatching_dp is not None:
+            raise ValueError(
+                "restart_dead_workers is not supported with sharding_round_robin_dispatch: a restarted "
+                "worker would need the dispatched items of its stream again"
+            )
+        self._worker_graph = attach_wrapper(replicable_dp)
         channels: List[Channel] = []
         try:
             for worker_id in range(self.num_workers):
-                channel, endpoint, child_ends = make_pipe_pair(ctx)
-                link = dispatcher_links[worker_id]
-                process = ctx.Process(
-                    target=run_worker,
-                    args=(
-                        attach_wrapper(replicable_dp),
-                        endpoint,
-                        WorkerInfo(self.num_workers, worker_id),
-                        os.getpid(),
-                        options,
-                        link,
-                        dispatcher_pid,
-                    ),
-                    name=f"torchdata_snapshot worker {worker_id}",
-                    daemon=True,
-                )
-                process.start()
-                for end in child_ends:
-                    end.close()  # so that the worker's death reads as end-of-file here
-                if link is not None:
-                    link.close()  # the worker's end of its link to the dispatcher
-                self._worker_processes.append(process)
-                channels.append(channel.bind(f"worker {worker_id}", process, watch=self._check_dispatcher))
+                self._worker_processes.append(None)
+                channels.append(self._start_worker(ctx, worker_id, dispatcher_links[worker_id]))
         except BaseException:
             for channel in channels:
                 channel.close()
@@ -301,11 +294,46 @@ class MultiProcessingReadingService(
             raise
         window = credit_window(self.num_workers, self.worker_prefetch_cnt, self.main_prefetch_cnt)
         consumer = WorkerConsumer(channels, window, self.control_timeout_s, self.timeout_s)
+        if self.restart_dead_workers:
+            consumer.respawn = functools.partial(self._restart_worker, ctx)
+            consumer.restarts_allowed = self.restart_dead_workers
         self._worker_consumer_datapipe = consumer
         if replicable_dp is datapipe:
             return consumer
         replace_dp(graph, replicable_dp, consumer)
         return datapipe
+
+    def _start_worker(self, ctx: Any, worker_id: int, dispatcher_link: Optional[Channel] = None) -> Channel:
+        """Start worker ``worker_id`` (in ``_worker_processes[worker_id]``); return its channel."""
+        options = WorkerOptions(self.worker_init_fn, self.worker_reset_fn, self.batching, self.verify_replay)
+        dispatcher_pid = None if self._dispatch_process is None else self._dispatch_process.pid
+        channel, endpoint, child_ends = make_pipe_pair(ctx)
+        info = WorkerInfo(self.num_workers, worker_id)
+        process = ctx.Process(
+            target=run_worker,
+            args=(self._worker_graph, endpoint, info, os.getpid(), options, dispatcher_link, dispatcher_pid),
+            name=f"torchdata_snapshot worker {worker_id}",
+            daemon=True,
+        )
+        process.start()
+        self._worker_processes[worker_id] = process
+        for end in child_ends:
+            end.close()  # so that the worker's death reads as end-of-file here
+        if dispatcher_link is not None:
+            dispatcher_link.close()  # the worker's end of its link to the dispatcher
+        return channel.bind(f"worker {worker_id}", process, watch=self._check_dispatcher)
+
+    def _restart_worker(self, ctx: Any, worker_id: int) -> Channel:
+        """Self-healing: reap dead worker ``worker_id`` and start a fresh one in its place."""
+        dead = self._worker_processes[worker_id]
+        dead.join(JOIN_TIMEOUT_S)
+        warnings.warn(
+            f"worker {worker_id} (pid {dead.pid}) died ({describe_exit(dead.exitcode)}); restarting it "
+            "and replaying its stream to where it stopped (restart_dead_workers)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return self._start_worker(ctx, worker_id)
 
     def _start_dispatcher(self, ctx: Any, dispatching_dp: DataPipe) -> List[Channel]:
         """Start the dispatching process; return, per worker, the worker's end of its link to it."""
@@ -451,7 +479,7 @@ class MultiProcessingReadingService(
 
     def _kill_processes(self, wait_s: float) -> None:
         """Join every process within ``wait_s``, then kill those still alive (bounded)."""
-        processes = list(self._worker_processes)
+        processes = [process for process in self._worker_processes if process is not None]
         if self._dispatch_process is not None:
             processes.append(self._dispatch_process)
         deadline = time.monotonic() + wait_s

@@ -1,0 +1,103 @@
+"""Self-healing (restart_dead_workers): a dead worker is replaced, replays its stream to what the
+main process already has, and the run goes on with exactly the data it would have had."""
+
+from __future__ import annotations
+
+import os
+import signal
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pipelines import double, kill_always_at, kill_once_at, pipeline, rs, take
+from torchdata.datapipes.iter import IterableWrapper
+
+from torchdata_snapshot import WorkerDiedError
+
+RESTARTING = "worker [01] \\(pid \\d+\\) died \\(exit code -9 \\(SIGKILL\\)\\); restarting it"
+
+
+def killing(marker: Path, k: int, n: int = 120) -> Any:
+    return (
+        IterableWrapper(range(n))
+        .shuffle()
+        .sharding_filter()
+        .map(partial(kill_once_at, str(marker), k))
+        .map(double)
+    )
+
+
+@pytest.mark.parametrize("k", [0, 5, 60, 119])
+@pytest.mark.parametrize("prefetch", [(0, 0), (10, 10)])
+def test_a_killed_worker_is_replaced_and_the_data_is_exactly_the_same(
+    make_dl: Any, tmp_path: Path, k: int, prefetch: Any
+) -> None:
+    config = dict(worker_prefetch_cnt=prefetch[0], main_prefetch_cnt=prefetch[1])
+    reference = list(make_dl(killing(tmp_path / "absent", k), rs(2, **config)))
+    marker = tmp_path / "kill"
+    marker.touch()
+    dl = make_dl(killing(marker, k), rs(2, restart_dead_workers=1, **config))
+    with pytest.warns(RuntimeWarning, match=RESTARTING):
+        got = list(dl)
+    assert not marker.exists(), "a worker really died"
+    assert got == reference
+
+
+def test_kills_at_any_moment_between_items(make_dl: Any) -> None:
+    reference = list(make_dl(pipeline("global_rng", 300), rs(2)))
+    dl = make_dl(pipeline("global_rng", 300), rs(2, restart_dead_workers=3))
+    it = iter(dl)
+    got = take(it, 10)
+    with pytest.warns(RuntimeWarning, match="restarting it") as restarts:
+        for victim, steps in [(0, 37), (1, 90), (0, 1)]:
+            os.kill(dl.reading_service.snapshot()[victim].pid, signal.SIGKILL)
+            got += take(it, steps)
+        got += list(it)
+    assert got == reference
+    assert len(restarts) == 3
+    snaps = dl.reading_service.snapshot()
+    assert all(s.produced == s.received for s in snaps), "counts still add up after restarts"
+
+
+def test_a_worker_that_keeps_dying_is_given_up_on(make_dl: Any) -> None:
+    dl = make_dl(
+        IterableWrapper(range(50)).sharding_filter().map(partial(kill_always_at, 21)),
+        rs(2, restart_dead_workers=2),
+    )
+    with pytest.warns(RuntimeWarning, match="restarting it"):
+        with pytest.raises(WorkerDiedError, match="restarted 2 times this epoch already: giving up"):
+            list(dl)
+
+
+def test_a_restart_during_a_snapshot_resends_the_request(make_dl: Any) -> None:
+    reference = list(make_dl(pipeline("shuffle_after_sharding", 80), rs(2)))
+    dl = make_dl(pipeline("shuffle_after_sharding", 80), rs(2, restart_dead_workers=1))
+    it = iter(dl)
+    got = take(it, 7)
+    os.kill(dl.reading_service.snapshot()[1].pid, signal.SIGKILL)
+    with pytest.warns(RuntimeWarning, match="restarting it"):
+        snaps = dl.reading_service.snapshot()
+    assert sum(s.delivered for s in snaps) == 7
+    assert got + list(it) == reference
+
+
+def test_not_available_with_a_dispatching_process(make_dl: Any) -> None:
+    dl = make_dl(pipeline("dispatch", 10), rs(2, restart_dead_workers=1))
+    with pytest.raises(
+        ValueError, match="restart_dead_workers is not supported with sharding_round_robin_dispatch"
+    ):
+        iter(dl)
+
+
+def test_a_worker_found_dead_when_sending_it_a_request_is_replaced(make_dl: Any) -> None:
+    reference = list(make_dl(pipeline("shuffle_after_sharding", 80), rs(2)))
+    dl = make_dl(pipeline("shuffle_after_sharding", 80), rs(2, restart_dead_workers=1))
+    it = iter(dl)
+    got = take(it, 7)
+    victim = dl.reading_service._worker_processes[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join(10)  # dead for sure: the request cannot even be written
+    with pytest.warns(RuntimeWarning, match="restarting it"):
+        dl.reading_service.snapshot()
+    assert got + list(it) == reference
