@@ -106,8 +106,11 @@ class Outbox:
                 self._cond.wait()
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Write what is queued, then stop the thread."""
-        self._put(_Stop())
+        """Write what is queued, then stop the thread (at once if the parent is gone)."""
+        if self.broken is None:
+            with self._cond:
+                self._queue.append(_Stop())
+                self._cond.notify()
         self._thread.join(timeout_s)
 
     # --- the thread -----------------------------------------------------------------------------
