@@ -24,6 +24,7 @@ from torchdata_snapshot.errors import (
 from torchdata_snapshot.options import BatchingOptions
 from torchdata_snapshot.reading_service import MultiProcessingReadingService
 from torchdata_snapshot.snapshot import WorkerSnapshot
+from torchdata_snapshot.stateful import register_state_functions
 
 __version__ = "0.1.0"
 
@@ -43,4 +44,5 @@ __all__ = [
     "WorkerError",
     "WorkerSnapshot",
     "WorkerTimeoutError",
+    "register_state_functions",
 ]

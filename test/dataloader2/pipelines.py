@@ -254,3 +254,40 @@ def kill_always_at(k: int, x: int) -> int:
     if x == k:
         os.kill(os.getpid(), signal.SIGKILL)
     return x
+
+
+class CountingStateful(IterDataPipe):
+    """A user DataPipe with its own state_dict()/load_state_dict(): a position in ``range(n)``.
+
+    ``pulled`` counts the items it produced since it was created or loaded: after a stateful
+    restore it shows how much of the stream was recomputed.
+    """
+
+    def __init__(self, n: int, fail_on_load: bool = False) -> None:
+        self.n = n
+        self.fail_on_load = fail_on_load
+        self.position = 0
+        self.pulled = 0
+        self._loaded: Any = None
+
+    def __iter__(self) -> Iterator[int]:
+        start, self._loaded = (self._loaded or 0), None
+        self.position = start
+        while self.position < self.n:
+            self.position += 1
+            self.pulled += 1
+            yield self.position - 1
+
+    def state_dict(self) -> Dict[str, int]:
+        return {"position": self.position, "pulled": self.pulled}
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        if self.fail_on_load:
+            raise ValueError("this state belongs to another dataset")
+        self._loaded = state["position"]
+        self.pulled = 0
+
+
+@_register("stateful_source")
+def _stateful_source(n: int) -> IterDataPipe:
+    return CountingStateful(n).shuffle(buffer_size=16).sharding_filter().map(with_global_randomness).batch(2)

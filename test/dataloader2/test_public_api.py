@@ -18,6 +18,7 @@ EXPECTED_PUBLIC_NAMES = [
     "WorkerError",
     "WorkerSnapshot",
     "WorkerTimeoutError",
+    "register_state_functions",
 ]
 
 

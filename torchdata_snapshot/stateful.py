@@ -1,0 +1,571 @@
+"""Stateful restore: resume a worker's graph from captured DataPipe states instead of replaying it.
+
+Replay costs as much as re-reading the items the user already received this epoch. When every
+DataPipe of a worker's graph can report its state and resume from it, the worker instead
+captures its graph's state every ``state_interval`` items (the states travel to the main
+process with the data) and a restore loads the latest one at or before the user's position,
+then replays only the few items after it: restore time does not depend on the position.
+
+A DataPipe is resumable when, at a moment the graph's output has just yielded (every generator
+of a pull-based graph is then suspended at its own ``yield``), its future output is determined
+by its sources' future output plus a small state:
+
+* stateless at yield points (resume by iterating afresh over resumed sources): ``Mapper``,
+  ``Collator``, ``Filter``, ``Batcher``, ``Zipper`` (functions are assumed to be pure);
+* ``ShardingFilter``: stays in place (``DataLoader2`` finds it by its exact type when seeding);
+  its state is how many items it took from its source, which a counting DataPipe inserted under
+  it records; a resumed epoch shifts its ``instance_id`` by that count;
+* upstream DataPipes whose state lives in generator frames are replaced, in the worker, by
+  equivalents from this module that keep it in attributes (:data:`ADAPTERS`): ``IterableWrapper``
+  (over a sequence or range), ``Shuffler`` (buffer and RNG), ``UnBatcher``, ``Header``,
+  ``Cycler``, ``Concater``, ``Multiplexer``, ``FileLister``; they yield exactly what the
+  originals yield, epoch after epoch;
+* any DataPipe with ``state_dict()`` and ``load_state_dict(state)`` methods, or whose type was
+  registered with :func:`register_state_functions`. ``load_state_dict`` is called before the
+  resumed epoch's iterator starts; the next iteration must continue from that state.
+
+The worker's global ``random``/``torch``/``numpy`` states are part of the captured state, so
+map functions drawing from them resume exactly too.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import pickle
+import random
+import sys
+import warnings
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
+
+import torch
+from torch.utils.data import IterDataPipe
+from torch.utils.data.datapipes.iter.callable import CollatorIterDataPipe, MapperIterDataPipe
+from torch.utils.data.datapipes.iter.combinatorics import ShufflerIterDataPipe
+from torch.utils.data.datapipes.iter.combining import (
+    ConcaterIterDataPipe,
+    MultiplexerIterDataPipe,
+    ZipperIterDataPipe,
+)
+from torch.utils.data.datapipes.iter.filelister import FileListerIterDataPipe
+from torch.utils.data.datapipes.iter.grouping import BatcherIterDataPipe, UnBatcherIterDataPipe
+from torch.utils.data.datapipes.iter.selecting import FilterIterDataPipe
+from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
+from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
+from torch.utils.data.datapipes.utils.common import get_file_pathnames_from_root
+from torchdata.dataloader2.graph import DataPipe, replace_dp, traverse_dps
+from torchdata.datapipes.iter import Cycler as CyclerIterDataPipe
+from torchdata.datapipes.iter import FlatMapper as FlatMapperIterDataPipe
+from torchdata.datapipes.iter import Header as HeaderIterDataPipe
+
+from torchdata_snapshot.errors import StateCaptureError, StateRestoreError
+from torchdata_snapshot.snapshot import graph_datapipes
+
+__all__ = [
+    "ADAPTERS",
+    "STATELESS",
+    "Resumable",
+    "capture_graph_state",
+    "load_graph_state",
+    "make_resumable",
+    "register_state_functions",
+    "reset_graph_state",
+    "unresumable_datapipe",
+]
+
+_RNG_KEY = "__global_rng__"
+
+
+class Resumable(IterDataPipe):
+    """Base of the equivalents in this module: ``state_dict()`` describes the DataPipe at a yield
+    point; a state given to ``load_state_dict()`` is used by the next iteration, once.
+
+    ``_started`` tells whether an iteration began this epoch: the state of a DataPipe that has
+    not started yet (a later source of a ``Concater``...) is not captured, so it starts afresh.
+    """
+
+    _pending: Optional[Dict[str, Any]] = None
+    _started = False
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self._pending = state
+
+    def _take_pending(self) -> Optional[Dict[str, Any]]:
+        self._started = True
+        state, self._pending = self._pending, None
+        return state
+
+    def state_dict(self) -> Dict[str, Any]:
+        raise NotImplementedError
+
+
+class ResumableIterableWrapper(Resumable):
+    """``IterableWrapper`` over a sequence: its state is the position in it."""
+
+    def __init__(self, iterable: Sequence, deepcopy: bool = True) -> None:
+        self.iterable = iterable
+        self.deepcopy = deepcopy
+        self._position = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._take_pending()
+        source = self.iterable
+        if self.deepcopy:
+            try:
+                source = copy.deepcopy(self.iterable)
+            except TypeError:
+                warnings.warn(
+                    "The input iterable can not be deepcopied, "
+                    "please be aware of in-place modification would affect source data.",
+                    stacklevel=2,
+                )
+        self._position = state["position"] if state else 0
+        while self._position < len(source):
+            item = source[self._position]
+            self._position += 1
+            yield item
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"position": self._position}
+
+    def __len__(self) -> int:
+        return len(self.iterable)
+
+
+class ResumableShuffler(Resumable):
+    """``Shuffler`` with the same reservoir sampling and RNG use; its state is buffer and RNG."""
+
+    def __init__(self, datapipe: IterDataPipe, buffer_size: int, enabled: bool, seed: Optional[int]) -> None:
+        self.datapipe = datapipe
+        self.buffer_size = buffer_size
+        self._enabled = enabled
+        self._seed = seed
+        self._rng = random.Random()
+        self._buffer: List[Any] = []
+
+    def set_shuffle(self, shuffle: bool = True) -> ResumableShuffler:
+        self._enabled = shuffle
+        return self
+
+    def set_seed(self, seed: int) -> ResumableShuffler:
+        self._seed = seed
+        return self
+
+    def reset(self) -> None:
+        self._buffer = []
+        if self._enabled:
+            if self._seed is None:
+                self._seed = int(torch.empty((), dtype=torch.int64).random_().item())
+            self._rng.seed(self._seed)
+            self._seed = None
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._take_pending()
+        if state is not None:
+            self._enabled = state["enabled"]
+            self._buffer = list(state["buffer"])
+            self._rng.setstate(state["rng"])
+        if not self._enabled:
+            yield from self.datapipe
+            return
+        for x in self.datapipe:
+            if len(self._buffer) == self.buffer_size:
+                idx = self._rng.randint(0, len(self._buffer) - 1)
+                val, self._buffer[idx] = self._buffer[idx], x
+                yield val
+            else:
+                self._buffer.append(x)
+        while self._buffer:
+            idx = self._rng.randint(0, len(self._buffer) - 1)
+            yield self._buffer.pop(idx)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"enabled": self._enabled, "buffer": list(self._buffer), "rng": self._rng.getstate()}
+
+    def __len__(self) -> int:
+        return len(self.datapipe)
+
+
+class ResumableUnBatcher(Resumable):
+    """``UnBatcher``: its state is what is left of the batch being unbatched."""
+
+    _dive = UnBatcherIterDataPipe._dive  # upstream's flattening, used as is  # type: ignore[assignment]
+
+    def __init__(self, datapipe: IterDataPipe, unbatch_level: int) -> None:
+        self.datapipe = datapipe
+        self.unbatch_level = unbatch_level
+        self._items: Deque[Any] = deque()
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._take_pending()
+        self._items = deque(state["items"]) if state else deque()
+        while self._items:
+            yield self._items.popleft()
+        for element in self.datapipe:
+            self._items = deque(self._dive(element, unbatch_level=self.unbatch_level))  # type: ignore[misc]
+            while self._items:
+                yield self._items.popleft()
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"items": list(self._items)}
+
+
+class ResumableFlatMapper(Resumable):
+    """``FlatMapper``: its state is what is left of the current element's expansion. The function
+    is applied through the original DataPipe's ``_apply_fn`` (``input_col`` handling included)."""
+
+    def __init__(self, upstream: Any) -> None:
+        self.datapipe = upstream.datapipe
+        self.fn = upstream.fn
+        self.input_col = upstream.input_col
+        self._apply_fn = functools.partial(type(upstream)._apply_fn, self)
+        self._items: Deque[Any] = deque()
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._take_pending()
+        self._items = deque(state["items"]) if state else deque()
+        while self._items:
+            yield self._items.popleft()
+        for element in self.datapipe:
+            self._items = deque(self._apply_fn(element))
+            while self._items:
+                yield self._items.popleft()
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"items": list(self._items)}
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = {key: value for key, value in self.__dict__.items() if key != "_apply_fn"}
+        if IterDataPipe.getstate_hook is not None:
+            return IterDataPipe.getstate_hook(state)
+        return state
+
+
+class ResumableHeader(Resumable):
+    """``Header``: its state is how many items it took."""
+
+    def __init__(self, source_datapipe: IterDataPipe, limit: Optional[int]) -> None:
+        self.source_datapipe = source_datapipe
+        self.limit = limit
+        self._taken = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._take_pending()
+        self._taken = state["taken"] if state else 0
+        for value in self.source_datapipe:
+            self._taken += 1
+            if self.limit is None or self._taken <= self.limit:
+                yield value
+            else:
+                break
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"taken": self._taken}
+
+
+class ResumableCycler(Resumable):
+    """``Cycler``: its state is the cycle in progress (the source holds its own position)."""
+
+    def __init__(self, source_datapipe: IterDataPipe, count: Optional[int]) -> None:
+        self.source_datapipe = source_datapipe
+        self.count = count
+        self._cycle = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._take_pending()
+        self._cycle = state["cycle"] if state else 0
+        while self.count is None or self._cycle < self.count:
+            yield from self.source_datapipe
+            self._cycle += 1
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"cycle": self._cycle}
+
+
+class ResumableConcater(Resumable):
+    """``Concater``: its state is the source in progress."""
+
+    def __init__(self, *datapipes: IterDataPipe) -> None:
+        self.datapipes = datapipes
+        self._index = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._take_pending()
+        self._index = state["index"] if state else 0
+        while self._index < len(self.datapipes):
+            yield from self.datapipes[self._index]
+            self._index += 1
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"index": self._index}
+
+
+class ResumableMultiplexer(Resumable):
+    """``Multiplexer`` (one item from each source per round, until one is exhausted): its state is
+    what is left of the round in progress."""
+
+    def __init__(self, *datapipes: IterDataPipe) -> None:
+        self.datapipes = datapipes
+        self._round: Deque[Any] = deque()
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._take_pending()
+        self._round = deque(state["round"]) if state else deque()
+        iterators = [iter(x) for x in self.datapipes]
+        while self._round:
+            yield self._round.popleft()
+        while iterators:
+            taken = []
+            for it in iterators:
+                try:
+                    taken.append(next(it))
+                except StopIteration:
+                    return
+            self._round = deque(taken)
+            while self._round:
+                yield self._round.popleft()
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"round": list(self._round)}
+
+
+class ResumableFileLister(Resumable):
+    """``FileLister``: its state is the root being listed and how many of its files were yielded
+    (the listing is recomputed on restore, not stored)."""
+
+    def __init__(self, upstream: FileListerIterDataPipe) -> None:
+        self.datapipe = upstream.datapipe
+        self.masks = upstream.masks
+        self.recursive = upstream.recursive
+        self.abspath = upstream.abspath
+        self.non_deterministic = upstream.non_deterministic
+        self._root: Optional[str] = None
+        self._yielded = 0
+
+    def _list(self, root: str) -> Iterable[str]:
+        return get_file_pathnames_from_root(
+            root, self.masks, self.recursive, self.abspath, self.non_deterministic
+        )
+
+    def __iter__(self) -> Iterator[str]:
+        state = self._take_pending()
+        self._root, self._yielded = None, 0
+        if state and state["root"] is not None:
+            self._root, skip = state["root"], state["yielded"]
+            for i, path in enumerate(self._list(self._root)):
+                if i >= skip:
+                    self._yielded = i + 1
+                    yield path
+        for root in self.datapipe:
+            self._root, self._yielded = root, 0
+            for path in self._list(root):
+                self._yielded += 1
+                yield path
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"root": self._root, "yielded": self._yielded}
+
+
+class ShardingPosition(Resumable):
+    """Inserted under an upstream ``ShardingFilter``: counts the items it takes from its source.
+
+    A resumed epoch starts the filter's enumeration afresh over a source resumed ``consumed``
+    items in, so its ``instance_id`` is shifted by ``consumed`` for that epoch (and put back by
+    :func:`reset_graph_state`).
+    """
+
+    def __init__(self, source_datapipe: IterDataPipe, sharding_filter: ShardingFilterIterDataPipe) -> None:
+        self.source_datapipe = source_datapipe
+        self._filter = sharding_filter
+        self._consumed = 0
+        self._original_instance_id: Optional[int] = None
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._take_pending()
+        self._consumed = state["consumed"] if state else 0
+        for item in self.source_datapipe:
+            self._consumed += 1
+            yield item
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        sharding = self._filter
+        self._original_instance_id = sharding.instance_id
+        sharding.instance_id = (sharding.instance_id - state["consumed"]) % sharding.num_of_instances
+
+    def unshift(self) -> None:
+        if self._original_instance_id is not None:
+            self._filter.instance_id = self._original_instance_id
+            self._original_instance_id = None
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"consumed": self._consumed}
+
+    # The sharding filter above is not a parent: only its source is, for graph traversal.
+    def __getstate__(self) -> Dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_filter"] = None
+        if IterDataPipe.getstate_hook is not None:
+            return IterDataPipe.getstate_hook(state)
+        return state
+
+
+def _adapt_iterable_wrapper(dp: IterableWrapperIterDataPipe) -> Optional[IterDataPipe]:
+    iterable = dp.iterable
+    if isinstance(iterable, (Sequence, range)) and not isinstance(iterable, (str, bytes)):
+        return ResumableIterableWrapper(iterable, dp.deepcopy)
+    return None
+
+
+#: Upstream DataPipe type -> a function building its resumable equivalent (or ``None`` when
+#: this instance cannot resume, e.g. an ``IterableWrapper`` over a generator).
+ADAPTERS: Dict[type, Callable[[Any], Optional[IterDataPipe]]] = {
+    IterableWrapperIterDataPipe: _adapt_iterable_wrapper,
+    ShufflerIterDataPipe: lambda dp: ResumableShuffler(dp.datapipe, dp.buffer_size, dp._enabled, dp._seed),
+    UnBatcherIterDataPipe: lambda dp: ResumableUnBatcher(dp.datapipe, dp.unbatch_level),
+    FlatMapperIterDataPipe: ResumableFlatMapper,
+    HeaderIterDataPipe: lambda dp: ResumableHeader(dp.source_datapipe, dp.limit),
+    CyclerIterDataPipe: lambda dp: ResumableCycler(dp.source_datapipe, dp.count),
+    ConcaterIterDataPipe: lambda dp: ResumableConcater(*dp.datapipes),
+    MultiplexerIterDataPipe: lambda dp: ResumableMultiplexer(*dp.datapipes),
+    FileListerIterDataPipe: ResumableFileLister,
+}
+
+#: Upstream DataPipe types that hold no state at a yield point.
+STATELESS = (
+    MapperIterDataPipe,
+    CollatorIterDataPipe,
+    FilterIterDataPipe,
+    BatcherIterDataPipe,
+    ZipperIterDataPipe,
+)
+
+_STATE_FUNCTIONS: Dict[type, Tuple[Callable[[Any], Any], Callable[[Any, Any], None]]] = {}
+
+
+def register_state_functions(
+    datapipe_type: type, state_dict: Callable[[Any], Any], load_state_dict: Callable[[Any, Any], None]
+) -> None:
+    """Make DataPipes of ``datapipe_type`` resumable without changing the class.
+
+    ``state_dict(dp)`` returns a picklable state at a yield point; ``load_state_dict(dp, state)``
+    prepares ``dp`` so that its next iteration continues from that state.
+    """
+    _STATE_FUNCTIONS[datapipe_type] = (state_dict, load_state_dict)
+
+
+def _has_methods(dp: DataPipe) -> bool:
+    return callable(getattr(dp, "state_dict", None)) and callable(getattr(dp, "load_state_dict", None))
+
+
+def _describe(dp: DataPipe) -> str:
+    return f"{type(dp).__module__}.{type(dp).__qualname__}"
+
+
+def unresumable_datapipe(datapipe: DataPipe) -> Optional[str]:
+    """``None`` if the graph can resume from captured states, else the first DataPipe that cannot."""
+    for _, dp in graph_datapipes(datapipe):
+        kind = type(dp)
+        if (
+            kind in STATELESS
+            or kind is ShardingFilterIterDataPipe
+            or kind in _STATE_FUNCTIONS
+            or _has_methods(dp)
+        ):
+            continue
+        adapter = ADAPTERS.get(kind)
+        if adapter is None or adapter(dp) is None:
+            return _describe(dp)
+    return None
+
+
+def make_resumable(datapipe: DataPipe) -> DataPipe:
+    """Rewrite a resumable graph (see :func:`unresumable_datapipe`): replace upstream DataPipes by
+    their equivalents and put a :class:`ShardingPosition` under every ``ShardingFilter``."""
+    graph = traverse_dps(datapipe)
+    for _, dp in graph_datapipes(datapipe):
+        adapter = ADAPTERS.get(type(dp))
+        if adapter is not None and not _has_methods(dp):
+            replacement = adapter(dp)
+            if replacement is not None:
+                graph = replace_dp(graph, dp, replacement)
+    datapipe = next(iter(graph.values()))[0]
+    for _, dp in graph_datapipes(datapipe):
+        if type(dp) is ShardingFilterIterDataPipe and not isinstance(dp.source_datapipe, ShardingPosition):
+            dp.source_datapipe = ShardingPosition(dp.source_datapipe, dp)
+    return datapipe
+
+
+def _global_rng_state() -> Tuple[Any, Any, Any]:
+    numpy = sys.modules.get("numpy")
+    return random.getstate(), torch.get_rng_state(), None if numpy is None else numpy.random.get_state()
+
+
+def _set_global_rng_state(state: Tuple[Any, Any, Any]) -> None:
+    python_state, torch_state, numpy_state = state
+    random.setstate(python_state)
+    torch.set_rng_state(torch_state)
+    if numpy_state is not None:
+        sys.modules["numpy"].random.set_state(numpy_state)
+
+
+def capture_graph_state(graph: List[Tuple[str, DataPipe]]) -> bytes:
+    """The state of every stateful DataPipe of ``graph`` (and the global RNGs), pickled.
+
+    Raises :class:`StateCaptureError` naming the DataPipe whose state fails or does not pickle.
+    """
+    states: Dict[str, Any] = {_RNG_KEY: _global_rng_state()}
+    for key, dp in graph:
+        if isinstance(dp, Resumable) and not dp._started:
+            continue  # not started this epoch: it will start afresh after a restore too
+        functions = _STATE_FUNCTIONS.get(type(dp))
+        try:
+            if functions is not None:
+                states[key] = functions[0](dp)
+            elif _has_methods(dp):
+                states[key] = dp.state_dict()
+        except Exception as e:
+            raise StateCaptureError(
+                f"state_dict() of DataPipe {key} ({_describe(dp)}) raised {type(e).__name__}: {e}"
+            ) from e
+    try:
+        return pickle.dumps(states, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:
+        from torchdata_snapshot.snapshot import capture_datapipe_states
+
+        capture_datapipe_states(graph)  # names the DataPipe and attribute that do not pickle
+        raise StateCaptureError(f"the graph's state cannot be pickled: {type(e).__name__}: {e}") from e
+
+
+def load_graph_state(graph: List[Tuple[str, DataPipe]], blob: bytes) -> None:
+    """Load a :func:`capture_graph_state` blob into ``graph`` (same structure) before iterating.
+
+    Raises :class:`StateRestoreError` naming the DataPipe whose ``load_state_dict`` fails.
+    """
+    states = pickle.loads(blob)
+    for key, dp in graph:
+        if key not in states:
+            continue
+        functions = _STATE_FUNCTIONS.get(type(dp))
+        try:
+            if functions is not None:
+                functions[1](dp, states[key])
+            else:
+                dp.load_state_dict(states[key])
+        except Exception as e:
+            raise StateRestoreError(
+                f"load_state_dict() of DataPipe {key} ({_describe(dp)}) raised {type(e).__name__}: {e}"
+            ) from e
+    _set_global_rng_state(states[_RNG_KEY])
+
+
+def reset_graph_state(graph: List[Tuple[str, DataPipe]]) -> None:
+    """A new epoch: forget states loaded but not consumed, put sharding filters back in place."""
+    for _, dp in graph:
+        if isinstance(dp, Resumable):
+            dp._pending = None
+            dp._started = False
+        if isinstance(dp, ShardingPosition):
+            dp.unshift()
