@@ -37,7 +37,15 @@ from torchdata.dataloader2.graph import DataPipe, traverse_dps
 from torchdata_snapshot.errors import IncompatibleCheckpointError, InvalidCheckpointError
 from torchdata_snapshot.seeds import check_seed_state
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "Checkpoint", "Mark", "WorkerPosition", "graph_fingerprint"]
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "Checkpoint",
+    "GraphState",
+    "Mark",
+    "WorkerPosition",
+    "graph_fingerprint",
+]
 
 FORMAT = "torchdata_snapshot.MultiProcessingReadingService"
 FORMAT_VERSION = 1
@@ -46,6 +54,9 @@ STATUSES = ("idle", "in_epoch", "finished")
 
 #: ``(position, digest)``: the ``position``-th item (1-based) of a stream had this digest.
 Mark = Tuple[int, str]
+
+#: ``(position, blob)``: the pickled state of a worker's graph right after its ``position``-th item.
+GraphState = Tuple[int, bytes]
 
 _DIGEST = re.compile(r"^[0-9a-f]{16}$")
 _KEYS = (
@@ -67,10 +78,12 @@ _KEYS = (
 
 @dataclass(frozen=True)
 class WorkerPosition:
-    """How far the user got into one worker's stream: ``delivered`` items, one of them ``mark``ed."""
+    """How far the user got into one worker's stream: ``delivered`` items, one of them ``mark``ed,
+    and the latest captured ``state`` of the worker's graph at or before that position."""
 
     delivered: int = 0
     mark: Optional[Mark] = None
+    state: Optional[GraphState] = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +114,11 @@ class Checkpoint:
             "replay_in_main": self.replay_in_main,
             "mark": None if self.mark is None else list(self.mark),
             "workers": [
-                {"delivered": w.delivered, "mark": None if w.mark is None else list(w.mark)}
+                {
+                    "delivered": w.delivered,
+                    "mark": None if w.mark is None else list(w.mark),
+                    "state": None if w.state is None else {"position": w.state[0], "blob": w.state[1]},
+                }
                 for w in self.workers
             ],
             "next_worker": self.next_worker,
@@ -148,11 +165,15 @@ class Checkpoint:
             raise InvalidCheckpointError(f"'workers' must list {num_workers} positions, got {workers!r}")
         positions = []
         for i, w in enumerate(workers):
-            if not isinstance(w, dict) or set(w) != {"delivered", "mark"}:
-                raise InvalidCheckpointError(f"workers[{i}] must have 'delivered' and 'mark', got {w!r}")
-            positions.append(
-                WorkerPosition(_count(w, "delivered", f"workers[{i}]"), _mark(w["mark"], f"workers[{i}]"))
-            )
+            if not isinstance(w, dict) or set(w) != {"delivered", "mark", "state"}:
+                raise InvalidCheckpointError(
+                    f"workers[{i}] must have 'delivered', 'mark' and 'state', got {w!r}"
+                )
+            delivered = _count(w, "delivered", f"workers[{i}]")
+            graph_state = _graph_state(w["state"], f"workers[{i}]")
+            if graph_state is not None and graph_state[0] > delivered:
+                raise InvalidCheckpointError(f"the state of workers[{i}] is ahead of what the user received")
+            positions.append(WorkerPosition(delivered, _mark(w["mark"], f"workers[{i}]"), graph_state))
         status = state["status"]
         if status not in STATUSES:
             raise InvalidCheckpointError(f"'status' must be one of {STATUSES}, got {status!r}")
@@ -227,10 +248,32 @@ def _mark(value: Any, where: str) -> Optional[Mark]:
     return (value[0], value[1])
 
 
+def _graph_state(value: Any, where: str) -> Optional[GraphState]:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, dict)
+        or set(value) != {"position", "blob"}
+        or not _is_int(value["position"])
+        or value["position"] < 1
+        or not isinstance(value["blob"], bytes)
+    ):
+        raise InvalidCheckpointError(f"the state of {where} must be {{'position': int >= 1, 'blob': bytes}}")
+    return (value["position"], value["blob"])
+
+
 def _checksum(state: Dict[str, Any]) -> str:
     content = {key: value for key, value in state.items() if key != "checksum"}
-    encoded = json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.blake2b(encoded, digest_size=8).hexdigest()
+    h = hashlib.blake2b(digest_size=8)
+
+    def blobs(value: Any) -> str:  # bytes are hashed beside the JSON, not hex-encoded into it
+        if not isinstance(value, bytes):
+            raise TypeError(f"not plain data: {type(value).__name__}")
+        h.update(value)
+        return f"<{len(value)} bytes>"
+
+    h.update(json.dumps(content, sort_keys=True, separators=(",", ":"), default=blobs).encode())
+    return h.hexdigest()
 
 
 def _describe_node(dp: DataPipe) -> str:

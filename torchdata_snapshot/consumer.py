@@ -17,7 +17,7 @@ from torchdata._utils import ExceptionWrapper
 from torchdata.dataloader2.graph import DataPipe
 
 from torchdata_snapshot.channel import Channel, ItemDecoder
-from torchdata_snapshot.checkpoint import Mark, WorkerPosition
+from torchdata_snapshot.checkpoint import GraphState, Mark, WorkerPosition
 from torchdata_snapshot.errors import (
     ProtocolError,
     ReadingServiceClosedError,
@@ -42,6 +42,7 @@ from torchdata_snapshot.messages import (
     ResetEpochResponse,
     ResumeRequest,
     ResumeResponse,
+    StateMarkResponse,
     StopIterationResponse,
     TerminateRequest,
     TerminateResponse,
@@ -63,6 +64,15 @@ def credit_window(num_workers: int, worker_prefetch_cnt: int, main_prefetch_cnt:
     """Items that may be outstanding per worker: its own prefetch, its share of the main
     process's prefetch, and the one item being asked for."""
     return worker_prefetch_cnt + -(-main_prefetch_cnt // max(1, num_workers)) + 1
+
+
+def _replay_request(epoch: int, position: WorkerPosition) -> ReplayRequest:
+    """Bring a freshly reset worker to ``position``: from its recorded graph state when there is
+    one (stateful restore), else from the epoch's start; the mark is checked if it falls in the
+    replayed stretch."""
+    start = 0 if position.state is None else position.state[0]
+    mark = position.mark if position.mark is not None and position.mark[0] > start else None
+    return ReplayRequest(epoch, position.delivered - start, mark, position.state)
 
 
 class _Healed(Exception):
@@ -124,6 +134,9 @@ class WorkerConsumer(IterDataPipe):
         # behind the user's position, and the latest one at or behind it.
         self.marks: List[Deque[Mark]] = [deque() for _ in self.channels]
         self.best_marks: List[Optional[Mark]] = [None] * self.num_workers
+        # Stateful restore: the graph states workers capture every few items, kept like marks.
+        self.states: List[Deque[GraphState]] = [deque() for _ in self.channels]
+        self.best_states: List[Optional[GraphState]] = [None] * self.num_workers
         # Set by the reading service when the user's position in each stream is tracked:
         # every item handed downstream pushes its worker id (see Outlet).
         self.handoff: Optional[Deque[int]] = None
@@ -231,6 +244,12 @@ class WorkerConsumer(IterDataPipe):
             if response.epoch == self.epoch:
                 self.buffers[worker_id].append(_END)
             return None
+        if isinstance(response, StateMarkResponse):
+            if response.epoch == self.epoch:
+                self.states[worker_id].append((response.position, response.state))
+                if self.user_position is not None:
+                    self.position_state(worker_id, self.user_position[worker_id])
+            return None
         if isinstance(response, WorkerExceptionResponse):
             self.buffers[worker_id].append(_Raise(response.exc))
             return None
@@ -332,12 +351,11 @@ class WorkerConsumer(IterDataPipe):
 
     def replay(self, positions: Sequence[WorkerPosition], next_worker: int) -> None:
         """Restore: worker ``i`` replays (and drops) the ``positions[i].delivered`` items the user
-        already had, checking its mark; the round-robin resumes at ``next_worker``. Workers
-        whose stream had ended are found again on the way, at the same places."""
+        already had, checking its mark, starting from its recorded graph state if it has one;
+        the round-robin resumes at ``next_worker``. Workers whose stream had ended are found
+        again on the way, at the same places."""
         with self.lock:
-            self.request_all(
-                lambda i: ReplayRequest(self.epoch, positions[i].delivered, positions[i].mark), ReplayResponse
-            )
+            self.request_all(lambda i: _replay_request(self.epoch, positions[i]), ReplayResponse)
             self._set_positions(positions, next_worker)
 
     def _set_positions(self, positions: Sequence[WorkerPosition], next_worker: int) -> None:
@@ -345,6 +363,8 @@ class WorkerConsumer(IterDataPipe):
             self.buffers[worker_id].clear()
             self.marks[worker_id].clear()
             self.best_marks[worker_id] = position.mark
+            self.states[worker_id].clear()
+            self.best_states[worker_id] = position.state
             done = position.delivered
             self.received[worker_id] = self.delivered[worker_id] = self.granted[worker_id] = done
             self.exhausted[worker_id] = False
@@ -355,6 +375,14 @@ class WorkerConsumer(IterDataPipe):
         with self.lock:
             for worker_id in range(self.num_workers):
                 self._top_up(worker_id)
+
+    def position_state(self, worker_id: int, position: int) -> Optional[GraphState]:
+        """The latest graph state of worker ``worker_id`` captured at or before ``position``."""
+        with self.lock:
+            states = self.states[worker_id]
+            while states and states[0][0] <= position:
+                self.best_states[worker_id] = states.popleft()
+            return self.best_states[worker_id]
 
     def position_mark(self, worker_id: int, position: int) -> Optional[Mark]:
         """The latest mark of worker ``worker_id``'s stream at or before ``position``."""
@@ -392,14 +420,19 @@ class WorkerConsumer(IterDataPipe):
         channel = self.respawn(worker_id)
         self.channels[worker_id] = channel
         position = self.received[worker_id]
-        candidates = [self.best_marks[worker_id], *self.marks[worker_id]]
-        mark = max((m for m in candidates if m is not None and m[0] <= position), default=None)
+
+        def latest(recorded: Optional[Any], pending: Deque[Any]) -> Any:
+            behind = [x for x in [recorded, *pending] if x is not None and x[0] <= position]
+            return max(behind, key=lambda x: x[0], default=None)
+
+        there = WorkerPosition(
+            position, latest(self.best_marks[worker_id], self.marks[worker_id]),
+            latest(self.best_states[worker_id], self.states[worker_id]),
+        )  # fmt: skip
+        reset = ResetEpochRequest(self.epoch, self._epoch_seeds[worker_id], self._epoch_iter_reset_fn)
         steps: List[Tuple[Any, Type[Any]]] = [
-            (
-                ResetEpochRequest(self.epoch, self._epoch_seeds[worker_id], self._epoch_iter_reset_fn),
-                ResetEpochResponse,
-            ),
-            (ReplayRequest(self.epoch, position, mark), ReplayResponse),
+            (reset, ResetEpochResponse),
+            (_replay_request(self.epoch, there), ReplayResponse),
         ]
         if self.paused:
             steps.append((PauseRequest(), PauseResponse))

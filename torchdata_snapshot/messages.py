@@ -39,6 +39,7 @@ __all__ = [
     "Response",
     "ResumeRequest",
     "ResumeResponse",
+    "StateMarkResponse",
     "StopIterationResponse",
     "TerminateRequest",
     "TerminateResponse",
@@ -79,7 +80,9 @@ class ReplayRequest(Request):
     epoch ``epoch`` and drop them; they never leave the process.
 
     ``verify`` is a mark ``(position, digest)`` recorded by the checkpoint: the replayed item at
-    that position must have that digest, or the reply is a ``ReplayDivergenceError``. It is a
+    that position must have that digest, or the reply is a ``ReplayDivergenceError``. With
+    ``state = (position, blob)`` the graph is first loaded with the state it had after its
+    ``position``-th item (stateful restore) and ``skip`` counts from there. It is a
     request of its own, sent after the dispatching process (if any) was reset too, because a
     worker's replay may need dispatched items of the new epoch.
     """
@@ -87,6 +90,7 @@ class ReplayRequest(Request):
     epoch: int
     skip: int
     verify: Optional[Tuple[int, str]] = None
+    state: Optional[Tuple[int, bytes]] = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,17 @@ class ItemsResponse(Response):
     count: int
     payload: bytes
     mark: Optional[Tuple[int, str]] = None
+
+
+@dataclass(frozen=True)
+class StateMarkResponse(Response):
+    """The state of the worker's whole graph right after it produced its ``position``-th item of
+    epoch ``epoch`` (see :mod:`torchdata_snapshot.stateful`), sent every ``state_interval`` items
+    after that item."""
+
+    epoch: int
+    position: int
+    state: bytes
 
 
 @dataclass(frozen=True)

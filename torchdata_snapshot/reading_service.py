@@ -152,6 +152,13 @@ class MultiProcessingReadingService(
             would have produced. ``0`` (default) raises :class:`WorkerDiedError` instead. Not
             available with ``sharding_round_robin_dispatch``; a ``pause_fn``/``limit_fn``
             applied to the dead worker's graph is not applied again.
+        state_interval: stateful restore: when every DataPipe of a worker's graph can report and
+            load its state (:mod:`torchdata_snapshot.stateful`), the worker captures it every
+            ``state_interval`` items and a restore loads the latest one instead of replaying the
+            epoch, so its cost does not grow with the position. ``0`` turns capturing off.
+        stateful: ``None`` (default) restores from states where the graph allows it and replays
+            elsewhere; ``False`` always replays; ``True`` requires it (a graph that cannot is an
+            error when the workers start).
     """
 
     def __init__(
@@ -169,6 +176,8 @@ class MultiProcessingReadingService(
         verify_replay: bool = True,
         isolate_rng: bool = True,
         restart_dead_workers: int = 0,
+        state_interval: int = 1024,
+        stateful: Optional[bool] = None,
     ) -> None:
         # Upstream's __init__ is not called: it asserts instead of raising and warns that
         # num_workers=0 should use InProcessReadingService, which is not true here.
@@ -195,6 +204,10 @@ class MultiProcessingReadingService(
         self.verify_replay = bool(verify_replay)
         self.isolate_rng = bool(isolate_rng)
         self.restart_dead_workers = _check_count("restart_dead_workers", restart_dead_workers)
+        self.state_interval = _check_count("state_interval", state_interval)
+        if stateful not in (None, True, False):
+            raise ValueError(f"stateful must be None, True or False, got {stateful!r}")
+        self.stateful = stateful
         self._mp = num_workers > 0
         self._reset_runtime()
 
@@ -305,7 +318,14 @@ class MultiProcessingReadingService(
 
     def _start_worker(self, ctx: Any, worker_id: int, dispatcher_link: Optional[Channel] = None) -> Channel:
         """Start worker ``worker_id`` (in ``_worker_processes[worker_id]``); return its channel."""
-        options = WorkerOptions(self.worker_init_fn, self.worker_reset_fn, self.batching, self.verify_replay)
+        options = WorkerOptions(
+            self.worker_init_fn,
+            self.worker_reset_fn,
+            self.batching,
+            self.verify_replay,
+            self.state_interval,
+            self.stateful,
+        )
         dispatcher_pid = None if self._dispatch_process is None else self._dispatch_process.pid
         channel, endpoint, child_ends = make_pipe_pair(ctx)
         info = WorkerInfo(self.num_workers, worker_id)
@@ -511,7 +531,8 @@ class MultiProcessingReadingService(
         next_worker = 0
         if consumer is not None and outlet.track_positions:
             workers = tuple(
-                WorkerPosition(d, consumer.position_mark(i, d)) for i, d in enumerate(outlet.worker_delivered)
+                WorkerPosition(d, consumer.position_mark(i, d), consumer.position_state(i, d))
+                for i, d in enumerate(outlet.worker_delivered)
             )
             next_worker = (outlet.last_worker + 1) % self.num_workers if outlet.last_worker >= 0 else 0
         return Checkpoint(

@@ -48,6 +48,8 @@ class WorkerSnapshot:
         sent_per_worker: dispatcher only: items dispatched to each worker.
         received_from_dispatcher: worker only, with a dispatching process: items received from
             it this epoch; equal to the dispatcher's ``sent_per_worker[worker_id]`` in a snapshot.
+        stateful: the worker's graph resumes from captured states (restore time independent of
+            the position); otherwise a restore replays its stream.
     """
 
     worker_id: int
@@ -67,6 +69,7 @@ class WorkerSnapshot:
     datapipe_states: Dict[str, Any] = field(default_factory=dict)
     sent_per_worker: Tuple[int, ...] = ()
     received_from_dispatcher: int = 0
+    stateful: bool = False
 
 
 def datapipe_key(index: int, datapipe: DataPipe) -> str:

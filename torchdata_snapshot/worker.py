@@ -93,6 +93,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
@@ -108,7 +109,7 @@ from torchdata.dataloader2.utils.worker import process_reset_fn
 from torchdata_snapshot.channel import LIVENESS_CHECK_INTERVAL_S, Channel, Endpoint, ItemEncoder, ParentGone
 from torchdata_snapshot.digest import item_digest
 from torchdata_snapshot.dispatch import DispatchedSource, find_dispatched_sources
-from torchdata_snapshot.errors import ProtocolError, ReplayDivergenceError
+from torchdata_snapshot.errors import ProtocolError, ReplayDivergenceError, StateCaptureError
 from torchdata_snapshot.messages import (
     ErrorResponse,
     GetNextRequest,
@@ -126,6 +127,7 @@ from torchdata_snapshot.messages import (
     ResetEpochResponse,
     ResumeRequest,
     ResumeResponse,
+    StateMarkResponse,
     StopIterationResponse,
     TerminateRequest,
     TerminateResponse,
@@ -134,6 +136,13 @@ from torchdata_snapshot.messages import (
 from torchdata_snapshot.options import BatchingOptions
 from torchdata_snapshot.outbox import Outbox
 from torchdata_snapshot.snapshot import WorkerSnapshot, capture_datapipe_states, graph_datapipes
+from torchdata_snapshot.stateful import (
+    capture_graph_state,
+    load_graph_state,
+    make_resumable,
+    reset_graph_state,
+    unresumable_datapipe,
+)
 
 __all__ = ["REPLAY_HEARTBEAT_S", "WorkerLoop", "WorkerOptions", "prepare_worker_graph", "run_worker"]
 
@@ -154,6 +163,8 @@ class WorkerOptions:
     custom_reset_fn: Optional[Callable[..., DataPipe]] = None
     batching: BatchingOptions = BatchingOptions()
     verify_replay: bool = True
+    state_interval: int = 1024
+    stateful: Optional[bool] = None  # None: when the graph allows it; False: never; True: required
 
 
 def _handles(request_type: Type[Request]) -> Callable[[Callable], Callable]:
@@ -201,10 +212,18 @@ class WorkerLoop:
         self.exhausted = False
         self.paused = False
         self.terminated = False
-        self._graph: List[Tuple[str, DataPipe]] = graph_datapipes(datapipe) if init_error is None else []
-        self._sources: List[DispatchedSource] = (
-            find_dispatched_sources(datapipe) if init_error is None else []
-        )
+        # Stateful restore (see torchdata_snapshot.stateful): capture the graph's state every
+        # `state_interval` items when every DataPipe of the graph can resume from a state.
+        self.stateful = False
+        if self.init_error is None:
+            try:
+                self.datapipe, self.stateful = _maybe_resumable(datapipe, options)
+            except StateCaptureError:
+                where = f"in {self.name} while preparing stateful restore"
+                self.init_error = ExceptionWrapper(where=where)
+        healthy = self.init_error is None
+        self._graph: List[Tuple[str, DataPipe]] = graph_datapipes(self.datapipe) if healthy else []
+        self._sources: List[DispatchedSource] = find_dispatched_sources(self.datapipe) if healthy else []
 
     # --- main loop ------------------------------------------------------------------------------
 
@@ -275,8 +294,23 @@ class WorkerLoop:
             self.produced += 1
             self.credit -= 1
             self.outbox.put_item(self.epoch, payload, item)
+            if self.stateful and self.produced % self.options.state_interval == 0:
+                self._capture_state()
             if time.perf_counter() >= deadline:
                 return
+
+    def _capture_state(self) -> None:
+        """Send the graph's state after the item just produced (it travels behind that item)."""
+        try:
+            blob = capture_graph_state(self._graph)
+        except StateCaptureError as e:
+            # Checkpoints stay possible (by replay); the training run must not fail for this.
+            warnings.warn(
+                f"{self.name}: {e}; restores will replay this worker's stream", RuntimeWarning, stacklevel=2
+            )
+            self.stateful = False
+            return
+        self.outbox.put(StateMarkResponse(self.epoch, self.produced, blob))
 
     def _end_stream(self, response: Any) -> None:
         self.outbox.put(response)
@@ -311,6 +345,7 @@ class WorkerLoop:
     @_handles(ResetEpochRequest)
     def _on_reset_epoch(self, request: ResetEpochRequest) -> None:
         self.iterator = None
+        reset_graph_state(self._graph)
         self.outbox.start_epoch(request.epoch)  # nothing of the previous epoch is sent after this
         self.datapipe = process_reset_fn(
             self.datapipe,
@@ -335,26 +370,32 @@ class WorkerLoop:
             raise ProtocolError(
                 f"{self.name}: a replay must directly follow the reset of epoch {request.epoch}"
             )
-        self._replay(request.skip, request.verify)
-        self.outbox.start_epoch(self.epoch, sent=request.skip)  # as if those had been sent
+        start = 0
+        if request.state is not None:
+            start, blob = request.state
+            load_graph_state(self._graph, blob)
+            self.iterator = iter(self.datapipe)  # starts from the loaded states
+        self._replay(start, request.skip, request.verify)
+        self.outbox.start_epoch(self.epoch, sent=self.produced)  # as if those had been sent
         self.outbox.put(ReplayResponse(self.epoch, request.skip))
 
-    def _replay(self, skip: int, verify: Optional[Tuple[int, str]]) -> None:
-        """Produce and drop the ``skip`` items the user received before the checkpoint.
+    def _replay(self, start: int, skip: int, verify: Optional[Tuple[int, str]]) -> None:
+        """Produce and drop items ``start + 1 .. start + skip``: the rest of what the user received
+        before the checkpoint, after the state loaded at ``start`` (0: the epoch's beginning).
 
         They never leave this process. The item at ``verify``'s position must have its digest,
         otherwise the pipeline is not deterministic and continuing would hand out other data.
         """
         heartbeat = time.monotonic() + REPLAY_HEARTBEAT_S
-        for position in range(1, skip + 1):
+        for position in range(start + 1, start + skip + 1):
             try:
                 item = next(self.iterator)  # type: ignore[arg-type]
             except StopIteration:
                 self.iterator = None
                 raise ReplayDivergenceError(
                     f"{self.name}: the replayed stream of epoch {self.epoch} ended after {position - 1} "
-                    f"items, but the checkpoint says the user had received {skip} of them: the pipeline "
-                    "is not deterministic"
+                    f"items, but the checkpoint says the user had received {start + skip} of them: the "
+                    "pipeline is not deterministic"
                 ) from None
             if verify is not None and position == verify[0] and self.options.verify_replay:
                 digest = item_digest(item)
@@ -368,7 +409,7 @@ class WorkerLoop:
             if time.monotonic() >= heartbeat:
                 self.outbox.put(ReplayProgressResponse(self.epoch, position))
                 heartbeat = time.monotonic() + REPLAY_HEARTBEAT_S
-        self.produced = skip
+        self.produced = start + skip
 
     @_handles(GetNextRequest)
     def _on_get_next(self, request: GetNextRequest) -> None:
@@ -446,6 +487,7 @@ class WorkerLoop:
             paused=self.paused,
             datapipe_yields=yields,
             datapipe_states=states,
+            stateful=self.stateful,
             received_from_dispatcher=sum(source.received for source in self._sources),
         )
 
@@ -489,6 +531,22 @@ def prepare_worker_graph(
     if options.custom_init_fn is not None:
         datapipe = options.custom_init_fn(datapipe, worker_info)
     return datapipe
+
+
+def _maybe_resumable(datapipe: DataPipe, options: WorkerOptions) -> Tuple[DataPipe, bool]:
+    """The graph rewritten for stateful restore when it allows it (and the options do), and
+    whether it was."""
+    if options.stateful is False or options.state_interval <= 0:
+        return datapipe, False
+    culprit = unresumable_datapipe(datapipe)
+    if culprit is None:
+        return make_resumable(datapipe), True
+    if options.stateful:
+        raise StateCaptureError(
+            f"stateful=True, but DataPipe {culprit} can neither report nor load its state: implement "
+            "state_dict()/load_state_dict() or call torchdata_snapshot.register_state_functions()"
+        )
+    return datapipe, False
 
 
 def run_worker(

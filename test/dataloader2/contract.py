@@ -75,6 +75,10 @@ class Config:
             f"-{self.context}"
         )
 
+    def __hash__(self) -> int:  # rs_options is a tuple of pairs: hashable, for the reference cache
+        return hash((self.pipeline, self.num_workers, self.worker_prefetch_cnt, self.main_prefetch_cnt,
+                     self.context, self.n, self.seed, self.epoch, self.rs_options))  # fmt: skip
+
 
 @dataclass(frozen=True)
 class ResumeTask:

@@ -12,7 +12,10 @@ RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
 
 def test_benchmark_smoke_run_writes_table_and_json(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(RUN), "--smoke", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600
+        [sys.executable, str(RUN), "--smoke", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads((tmp_path / "latest.json").read_text())

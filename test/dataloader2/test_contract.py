@@ -47,9 +47,11 @@ def matrix(full: bool) -> List[Any]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    full = metafunc.config.getoption("--full-matrix")
     if "matrix_config" in metafunc.fixturenames:
-        full = metafunc.config.getoption("--full-matrix")
         metafunc.parametrize("matrix_config", matrix(full), ids=str)
+    if "stateful_config" in metafunc.fixturenames:
+        metafunc.parametrize("stateful_config", stateful_matrix(full), ids=lambda c: f"{c}-stateful")
 
 
 def test_exact_resume_over_the_matrix(resumer: Resumer, matrix_config: Config) -> None:
@@ -123,3 +125,21 @@ def test_prefetch_counts_may_change_on_restore(resumer: Resumer, prefetch: Any) 
     ((k, state),) = states
     result = resumer.run(ResumeTask(config, encode_state(state, "pickle"), prefetch=prefetch))
     assert result["epochs"] == [run[config.epoch][k:], run[config.epoch + 1]]
+
+
+RESUMABLE_SHAPES = [shape for shape in SHAPES if shape != "dispatch"]  # a dispatched source replays
+STATEFUL = (("stateful", True), ("state_interval", 3))
+
+
+def stateful_matrix(full: bool) -> List[Any]:
+    workers = WORKERS[1:]  # in-process pipelines replay in the main process
+    prefetches = list(itertools.product(PREFETCH, PREFETCH)) if full else [(0, 0), (10, 10)]
+    return [
+        Config(shape, w, wp, mp, rs_options=STATEFUL)
+        for shape, w, (wp, mp) in itertools.product(RESUMABLE_SHAPES, workers, prefetches)
+    ]
+
+
+@pytest.mark.parametrize("positions", [["one", "middle", "last", "after_end"]])
+def test_exact_resume_from_captured_states(resumer: Resumer, stateful_config: Config, positions: Any) -> None:
+    check_contract(resumer, stateful_config, resolve_positions(stateful_config, positions))

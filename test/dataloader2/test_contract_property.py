@@ -47,3 +47,22 @@ def test_any_configuration_resumes_exactly_at_any_position(
     length = len(reference(config, epoch + 3)[epoch])
     k = data.draw(st.integers(min_value=0, max_value=length), label="k")
     check_contract(resumer, config, [k])
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(
+    shape=st.sampled_from(sorted(set(PIPELINES) - {"dispatch"})),
+    num_workers=st.sampled_from([1, 2, 4]),
+    prefetch=st.sampled_from([0, 1, 10]),
+    interval=st.integers(min_value=1, max_value=8),
+    n=st.integers(min_value=0, max_value=60),
+    data=st.data(),
+)
+def test_restoring_from_states_gives_what_replay_gives(
+    resumer: Resumer, shape: str, num_workers: int, prefetch: int, interval: int, n: int, data: st.DataObject
+) -> None:
+    # check_contract compares with the uninterrupted run, which is also what replay restores.
+    options = (("stateful", True), ("state_interval", interval))
+    config = Config(shape, num_workers, prefetch, prefetch, n=n, rs_options=options)
+    length = len(reference(config, 4)[1])
+    check_contract(resumer, config, [data.draw(st.integers(min_value=0, max_value=length), label="k")])

@@ -30,10 +30,13 @@ def killing(marker: Path, k: int, n: int = 120) -> Any:
 
 @pytest.mark.parametrize("k", [0, 5, 60, 119])
 @pytest.mark.parametrize("prefetch", [(0, 0), (10, 10)])
+@pytest.mark.parametrize("state_interval", [0, 8], ids=["replay", "from-state"])
 def test_a_killed_worker_is_replaced_and_the_data_is_exactly_the_same(
-    make_dl: Any, tmp_path: Path, k: int, prefetch: Any
+    make_dl: Any, tmp_path: Path, k: int, prefetch: Any, state_interval: int
 ) -> None:
-    config = dict(worker_prefetch_cnt=prefetch[0], main_prefetch_cnt=prefetch[1])
+    config = dict(
+        worker_prefetch_cnt=prefetch[0], main_prefetch_cnt=prefetch[1], state_interval=state_interval
+    )
     reference = list(make_dl(killing(tmp_path / "absent", k), rs(2, **config)))
     marker = tmp_path / "kill"
     marker.touch()
@@ -65,9 +68,10 @@ def test_a_worker_that_keeps_dying_is_given_up_on(make_dl: Any) -> None:
         IterableWrapper(range(50)).sharding_filter().map(partial(kill_always_at, 21)),
         rs(2, restart_dead_workers=2),
     )
-    with pytest.warns(RuntimeWarning, match="restarting it"):
-        with pytest.raises(WorkerDiedError, match="restarted 2 times this epoch already: giving up"):
-            list(dl)
+    with pytest.warns(RuntimeWarning, match="restarting it"), pytest.raises(
+        WorkerDiedError, match="restarted 2 times this epoch already: giving up"
+    ):
+        list(dl)
 
 
 def test_a_restart_during_a_snapshot_resends_the_request(make_dl: Any) -> None:
