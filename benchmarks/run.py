@@ -19,6 +19,7 @@ import argparse
 import gc
 import json
 import os
+import pickle
 import platform
 import statistics
 import sys
@@ -132,29 +133,37 @@ def run_latency(args: argparse.Namespace, loads: Dict[str, Workload], all_peers:
 
 
 def run_restore(args: argparse.Namespace, loads: Dict[str, Workload]) -> List[Dict]:
-    """Time from DataLoader2.from_state() to the first item, against the position k (2 workers)."""
+    """Time from DataLoader2.from_state() to the first item against the position k (2 workers,
+    tiny items), restoring from captured states and by replay; also the checkpoint's size."""
     rows = []
     ks = [10**2] if args.smoke else [10**3, 10**4, 10**5] if args.quick else [10**3, 10**4, 10**5, 10**6]
-    for k in ks:
-        samples = []
-        for _ in range(3 if args.quick else args.repeats):
-            rs = MultiProcessingReadingService(num_workers=2)
-            dl = DataLoader2(loads["tiny"].build(2 * k), reading_service=rs)
-            dl.seed(0)
-            it = iter(dl)
-            for _ in range(k):
-                next(it)
-            state = dl.state_dict()
-            dl.shutdown()
-            start = time.perf_counter()
-            again = DataLoader2.from_state(state, MultiProcessingReadingService(num_workers=2))
-            next(iter(again))
-            samples.append(time.perf_counter() - start)
-            again.shutdown()
-        rows.append(
-            {"k": k, "strategy": "replay", "median_s": statistics.median(samples), "samples": samples}
-        )
-        print(f"  restore replay k={k:>9,}: {statistics.median(samples):.3f} s", flush=True)
+    for strategy, options in (("stateful", {}), ("replay", {"stateful": False})):
+        for k in ks:
+            samples, size = [], 0
+            for _ in range(1 if args.smoke else 3 if args.quick else args.repeats):
+                dl = DataLoader2(
+                    loads["tiny"].build(2 * k), reading_service=MultiProcessingReadingService(2, **options)
+                )
+                dl.seed(0)
+                it = iter(dl)
+                for _ in range(k):
+                    next(it)
+                state = dl.state_dict()
+                size = len(pickle.dumps(state["reading_service_state"]))
+                dl.shutdown()
+                start = time.perf_counter()
+                again = DataLoader2.from_state(state, MultiProcessingReadingService(2, **options))
+                next(iter(again))
+                samples.append(time.perf_counter() - start)
+                again.shutdown()
+            median = statistics.median(samples)
+            rows.append(
+                {"k": k, "strategy": strategy, "median_s": median, "samples": samples, "state_bytes": size}
+            )
+            print(
+                f"  restore {strategy:8s} k={k:>9,}: {median:.3f} s, reading-service state {size:,} bytes",
+                flush=True,
+            )
     return rows
 
 
@@ -205,9 +214,15 @@ def markdown(results: Dict) -> str:
     lines += ["", "| latency (4 workers, prefetching) | p50 | p99 |", "|---|---:|---:|"]
     for key, value in results["latency"].items():
         lines.append(f"| {key} | {value['p50_ms']:.3f} ms | {value['p99_ms']:.3f} ms |")
-    lines += ["", "| restore (2 workers, tiny items) | k | from_state to first item |", "|---|---:|---:|"]
+    lines += [
+        "",
+        "| restore (2 workers, tiny items) | k | from_state to first item | reading-service state |",
+        "|---|---:|---:|---:|",
+    ]
     for row in results["restore"]:
-        lines.append(f"| {row['strategy']} | {row['k']:,} | {row['median_s']:.3f} s |")
+        lines.append(
+            f"| {row['strategy']} | {row['k']:,} | {row['median_s']:.3f} s | {row['state_bytes']:,} B |"
+        )
     mem = results["memory"]
     lines += [
         "",
