@@ -134,7 +134,7 @@ class MultiProcessingReadingService(
         worker_reset_fn: called in each worker with ``(datapipe, WorkerInfo, SeedGenerator)`` at
             the start of every epoch.
 
-    Keyword-only args:
+    Keyword Args:
         batching: how workers group items into messages (:class:`BatchingOptions`).
         control_timeout_s: bound on waiting for the answer to a control request (pause, state,
             epoch reset); a worker answers between two items.
@@ -149,9 +149,10 @@ class MultiProcessingReadingService(
         restart_dead_workers: self-healing: how many times per epoch a worker that dies may be
             replaced by a new process, which replays its stream (inside itself) to what the main
             process already received and continues; the data is exactly what the dead worker
-            would have produced. ``0`` (default) raises :class:`WorkerDiedError` instead. Not
-            available with ``sharding_round_robin_dispatch``; a ``pause_fn``/``limit_fn``
-            applied to the dead worker's graph is not applied again.
+            would have produced. ``0`` (default) raises
+            :class:`~torchdata_snapshot.WorkerDiedError` instead. Not available with
+            ``sharding_round_robin_dispatch``; a ``pause_fn``/``limit_fn`` applied to the dead
+            worker's graph is not applied again.
         state_interval: stateful restore: when every DataPipe of a worker's graph can report and
             load its state (:mod:`torchdata_snapshot.stateful`), the worker captures it every
             ``state_interval`` items and a restore loads the latest one instead of replaying the
@@ -551,9 +552,11 @@ class MultiProcessingReadingService(
     def restore(self, datapipe: DataPipe, serialized_state: Any) -> DataPipe:
         """Start the service for ``datapipe`` so that its next epoch resumes ``serialized_state``.
 
-        The state is validated before any process starts (:class:`InvalidCheckpointError`,
-        :class:`IncompatibleCheckpointError`). The epoch in progress restarts with its recorded
-        seeds and each worker replays, inside its process, the items the user already received.
+        The state is validated before any process starts
+        (:class:`~torchdata_snapshot.InvalidCheckpointError`,
+        :class:`~torchdata_snapshot.IncompatibleCheckpointError`). The epoch in progress restarts
+        with its recorded seeds and each worker replays, inside its process, the items the user
+        already received (from its latest captured graph state, when it has one).
         """
         if self._finalized:
             raise ReadingServiceClosedError("the reading service was shut down; create a new one")

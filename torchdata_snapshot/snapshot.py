@@ -43,7 +43,7 @@ class WorkerSnapshot:
         buffered_in_main: items received by the main process and not yet handed on.
         exhausted: the worker's graph reached ``StopIteration`` this epoch.
         paused: the process is paused (``limit`` / ``_pause``).
-        datapipe_yields: per-DataPipe count of yielded items, keyed by :func:`datapipe_key`.
+        datapipe_yields: per-DataPipe count of yielded items, keyed by ``datapipe_key``.
         datapipe_states: ``state_dict()`` of each DataPipe that has one, same keys.
         sent_per_worker: dispatcher only: items dispatched to each worker.
         received_from_dispatcher: worker only, with a dispatching process: items received from

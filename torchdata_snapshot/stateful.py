@@ -16,13 +16,14 @@ by its sources' future output plus a small state:
   its state is how many items it took from its source, which a counting DataPipe inserted under
   it records; a resumed epoch shifts its ``instance_id`` by that count;
 * upstream DataPipes whose state lives in generator frames are replaced, in the worker, by
-  equivalents from this module that keep it in attributes (:data:`ADAPTERS`): ``IterableWrapper``
+  equivalents from this module that keep it in attributes (``ADAPTERS``): ``IterableWrapper``
   (over a sequence or range), ``Shuffler`` (buffer and RNG), ``UnBatcher``, ``Header``,
   ``Cycler``, ``Concater``, ``Multiplexer``, ``FileLister``; they yield exactly what the
   originals yield, epoch after epoch;
 * any DataPipe with ``state_dict()`` and ``load_state_dict(state)`` methods, or whose type was
-  registered with :func:`register_state_functions`. ``load_state_dict`` is called before the
-  resumed epoch's iterator starts; the next iteration must continue from that state.
+  registered with :func:`~torchdata_snapshot.register_state_functions`. ``load_state_dict`` is
+  called before the resumed epoch's iterator starts; the next iteration must continue from that
+  state.
 
 The worker's global ``random``/``torch``/``numpy`` states are part of the captured state, so
 map functions drawing from them resume exactly too.

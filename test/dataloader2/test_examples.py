@@ -28,3 +28,18 @@ def test_resume_demo() -> None:
     assert "exit code -9" in out
     assert "workers exited on their own: True" in out
     assert "identical to the uninterrupted run, batch for batch: nothing lost, nothing duplicated" in out
+
+
+def test_quickstart() -> None:
+    out = run_example("quickstart.py")
+    assert "identical to an uninterrupted run" in out
+
+
+def test_the_design_diagrams_are_up_to_date() -> None:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES.parent / "docs" / "diagrams" / "make_diagrams.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout
