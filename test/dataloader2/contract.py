@@ -29,6 +29,19 @@ Position = Union[int, str]
 RESUME_TIMEOUT_S = 180.0
 
 
+def _caches_loaded_state() -> bool:
+    """torchdata >= 0.8's DataLoader2.state_dict() returns the loaded state until an iterator is
+    created; 0.7.1's asks the reading service, which is only restored by iter() (see the docs)."""
+    import inspect
+
+    from torchdata.dataloader2 import DataLoader2
+
+    return "_state_dict" in inspect.getsource(DataLoader2.state_dict)
+
+
+DATALOADER2_CACHES_LOADED_STATE = _caches_loaded_state()
+
+
 @dataclass(frozen=True)
 class Config:
     """One configuration of the contract matrix (SPEC §3.3)."""
@@ -276,7 +289,8 @@ def check_contract(
         assert run == [list(e) for e in ref], "taking state_dict() changed the data"
     for position, state in states:
         result = resumer.run(ResumeTask(config, encode_state(state, through), through, via))
-        assert result["state_unchanged"], "state_dict() right after a restore must be the state loaded"
+        if DATALOADER2_CACHES_LOADED_STATE:
+            assert result["state_unchanged"], "state_dict() right after a restore must be the state loaded"
         if position != AFTER_END:  # (after the end, iter() starts the next epoch: another state)
             assert result["rs_state_after_iter"] == state["reading_service_state"], (
                 "the reading-service state right after a restore (before any item) must be the one loaded"
