@@ -141,6 +141,14 @@ class ItemDecoder:
         return [load(stream) for _ in range(count)]
 
 
+def _close_quietly(*conns: Connection) -> None:
+    for conn in conns:
+        try:
+            conn.close()
+        except OSError:
+            pass
+
+
 class Channel:
     """The requesting side of a pipe pair: ``send`` requests, ``recv`` responses.
 
@@ -232,11 +240,7 @@ class Channel:
         ) from cause
 
     def close(self) -> None:
-        for conn in (self.request_conn, self.response_conn):
-            try:
-                conn.close()
-            except OSError:
-                pass
+        _close_quietly(self.request_conn, self.response_conn)
 
 
 class Endpoint:
@@ -281,11 +285,7 @@ class Endpoint:
             raise ParentGone from e
 
     def close(self) -> None:
-        for conn in (self.request_conn, self.response_conn):
-            try:
-                conn.close()
-            except OSError:
-                pass
+        _close_quietly(self.request_conn, self.response_conn)
 
 
 def wait_any(channels: Sequence[Any], timeout_s: Optional[float]) -> List[Any]:

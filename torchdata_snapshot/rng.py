@@ -21,10 +21,11 @@ from typing import Any, Iterator, Optional, Tuple
 
 import torch
 
-__all__ = ["IsolatedRNG"]
+__all__ = ["IsolatedRNG", "capture_global_rng", "install_global_rng"]
 
 
-def _capture() -> Tuple[Any, Any, Any]:
+def capture_global_rng() -> Tuple[Any, Any, Any]:
+    """The states of ``random``, ``torch`` (CPU) and ``numpy`` (if imported) global RNGs."""
     numpy = sys.modules.get("numpy")
     return (
         random.getstate(),
@@ -33,7 +34,8 @@ def _capture() -> Tuple[Any, Any, Any]:
     )
 
 
-def _install(state: Tuple[Any, Any, Any]) -> None:
+def install_global_rng(state: Tuple[Any, Any, Any]) -> None:
+    """Set the global RNGs to a state taken by :func:`capture_global_rng`."""
     python_state, torch_state, numpy_state = state
     random.setstate(python_state)
     torch.set_rng_state(torch_state)
@@ -50,11 +52,11 @@ class IsolatedRNG:
     @contextmanager
     def active(self) -> Iterator[None]:
         """Run the block with the pipeline's global RNG states; the caller's are restored after."""
-        callers = _capture()
+        callers = capture_global_rng()
         if self._state is not None:
-            _install(self._state)
+            install_global_rng(self._state)
         try:
             yield
         finally:
-            self._state = _capture()
-            _install(callers)
+            self._state = capture_global_rng()
+            install_global_rng(callers)

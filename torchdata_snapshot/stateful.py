@@ -32,10 +32,8 @@ map functions drawing from them resume exactly too.
 from __future__ import annotations
 
 import copy
-import functools
 import pickle
 import random
-import sys
 import warnings
 from collections import deque
 from collections.abc import Sequence
@@ -62,6 +60,7 @@ from torchdata.datapipes.iter import FlatMapper as FlatMapperIterDataPipe
 from torchdata.datapipes.iter import Header as HeaderIterDataPipe
 
 from torchdata_snapshot.errors import StateCaptureError, StateRestoreError
+from torchdata_snapshot.rng import capture_global_rng, install_global_rng
 from torchdata_snapshot.snapshot import graph_datapipes
 
 __all__ = [
@@ -189,15 +188,15 @@ class ResumableShuffler(Resumable):
         return len(self.datapipe)
 
 
-class ResumableUnBatcher(Resumable):
-    """``UnBatcher``: its state is what is left of the batch being unbatched."""
+class _Expanding(Resumable):
+    """A one-to-many DataPipe: each source element expands into items; its state is what is left
+    of the current element's expansion (which therefore is materialized when it starts)."""
 
-    _dive = UnBatcherIterDataPipe._dive  # upstream's flattening, used as is  # type: ignore[assignment]
+    datapipe: IterDataPipe
+    _items: Deque[Any] = deque()
 
-    def __init__(self, datapipe: IterDataPipe, unbatch_level: int) -> None:
-        self.datapipe = datapipe
-        self.unbatch_level = unbatch_level
-        self._items: Deque[Any] = deque()
+    def _expand(self, element: Any) -> Iterable[Any]:
+        raise NotImplementedError
 
     def __iter__(self) -> Iterator[Any]:
         state = self._take_pending()
@@ -205,7 +204,7 @@ class ResumableUnBatcher(Resumable):
         while self._items:
             yield self._items.popleft()
         for element in self.datapipe:
-            self._items = deque(self._dive(element, unbatch_level=self.unbatch_level))  # type: ignore[misc]
+            self._items = deque(self._expand(element))
             while self._items:
                 yield self._items.popleft()
 
@@ -213,35 +212,33 @@ class ResumableUnBatcher(Resumable):
         return {"items": list(self._items)}
 
 
-class ResumableFlatMapper(Resumable):
-    """``FlatMapper``: its state is what is left of the current element's expansion. The function
-    is applied through the original DataPipe's ``_apply_fn`` (``input_col`` handling included)."""
+class ResumableUnBatcher(_Expanding):
+    """``UnBatcher``, through upstream's own ``_dive``."""
+
+    _dive = UnBatcherIterDataPipe._dive
+
+    def __init__(self, datapipe: IterDataPipe, unbatch_level: int) -> None:
+        self.datapipe = datapipe
+        self.unbatch_level = unbatch_level
+        self._items = deque()
+
+    def _expand(self, element: Any) -> Iterable[Any]:
+        return self._dive(element, unbatch_level=self.unbatch_level)  # type: ignore[misc]
+
+
+class ResumableFlatMapper(_Expanding):
+    """``FlatMapper``: the function is applied through the original DataPipe's ``_apply_fn``
+    (``input_col`` handling included)."""
 
     def __init__(self, upstream: Any) -> None:
         self.datapipe = upstream.datapipe
         self.fn = upstream.fn
         self.input_col = upstream.input_col
-        self._apply_fn = functools.partial(type(upstream)._apply_fn, self)
-        self._items: Deque[Any] = deque()
+        self._upstream_apply = type(upstream)._apply_fn
+        self._items = deque()
 
-    def __iter__(self) -> Iterator[Any]:
-        state = self._take_pending()
-        self._items = deque(state["items"]) if state else deque()
-        while self._items:
-            yield self._items.popleft()
-        for element in self.datapipe:
-            self._items = deque(self._apply_fn(element))
-            while self._items:
-                yield self._items.popleft()
-
-    def state_dict(self) -> Dict[str, Any]:
-        return {"items": list(self._items)}
-
-    def __getstate__(self) -> Dict[str, Any]:
-        state = {key: value for key, value in self.__dict__.items() if key != "_apply_fn"}
-        if IterDataPipe.getstate_hook is not None:
-            return IterDataPipe.getstate_hook(state)
-        return state
+    def _expand(self, element: Any) -> Iterable[Any]:
+        return self._upstream_apply(self, element)
 
 
 class ResumableHeader(Resumable):
@@ -499,25 +496,12 @@ def make_resumable(datapipe: DataPipe) -> DataPipe:
     return datapipe
 
 
-def _global_rng_state() -> Tuple[Any, Any, Any]:
-    numpy = sys.modules.get("numpy")
-    return random.getstate(), torch.get_rng_state(), None if numpy is None else numpy.random.get_state()
-
-
-def _set_global_rng_state(state: Tuple[Any, Any, Any]) -> None:
-    python_state, torch_state, numpy_state = state
-    random.setstate(python_state)
-    torch.set_rng_state(torch_state)
-    if numpy_state is not None:
-        sys.modules["numpy"].random.set_state(numpy_state)
-
-
 def capture_graph_state(graph: List[Tuple[str, DataPipe]]) -> bytes:
     """The state of every stateful DataPipe of ``graph`` (and the global RNGs), pickled.
 
     Raises :class:`StateCaptureError` naming the DataPipe whose state fails or does not pickle.
     """
-    states: Dict[str, Any] = {_RNG_KEY: _global_rng_state()}
+    states: Dict[str, Any] = {_RNG_KEY: capture_global_rng()}
     for key, dp in graph:
         if isinstance(dp, Resumable) and not dp._started:
             continue  # not started this epoch: it will start afresh after a restore too
@@ -559,7 +543,7 @@ def load_graph_state(graph: List[Tuple[str, DataPipe]], blob: bytes) -> None:
             raise StateRestoreError(
                 f"load_state_dict() of DataPipe {key} ({_describe(dp)}) raised {type(e).__name__}: {e}"
             ) from e
-    _set_global_rng_state(states[_RNG_KEY])
+    install_global_rng(states[_RNG_KEY])
 
 
 def reset_graph_state(graph: List[Tuple[str, DataPipe]]) -> None:
