@@ -13,8 +13,8 @@ by its sources' future output plus a small state:
 * stateless at yield points (resume by iterating afresh over resumed sources): ``Mapper``,
   ``Collator``, ``Filter``, ``Batcher``, ``Zipper`` (functions are assumed to be pure);
 * ``ShardingFilter``: stays in place (``DataLoader2`` finds it by its exact type when seeding);
-  its state is how many items it took from its source, which a counting DataPipe inserted under
-  it records; a resumed epoch shifts its ``instance_id`` by that count;
+  its state is how many items it yielded, from which follows how many it took from its source;
+  a resumed epoch shifts its ``instance_id`` accordingly;
 * upstream DataPipes whose state lives in generator frames are replaced, in the worker, by
   equivalents from this module that keep it in attributes (``ADAPTERS``): ``IterableWrapper``
   (over a sequence or range), ``Shuffler`` (buffer and RNG), ``UnBatcher``, ``Header``,
@@ -32,9 +32,11 @@ map functions drawing from them resume exactly too.
 from __future__ import annotations
 
 import copy
+import itertools
 import pickle
 import random
 import warnings
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
@@ -102,12 +104,13 @@ class Resumable(IterDataPipe):
 
 
 class ResumableIterableWrapper(Resumable):
-    """``IterableWrapper`` over a sequence: its state is the position in it."""
+    """``IterableWrapper`` over a sequence: its state is the position in it (where this iteration
+    started plus what torch's iterator hook counted since, so no per-item bookkeeping)."""
 
     def __init__(self, iterable: Sequence, deepcopy: bool = True) -> None:
         self.iterable = iterable
         self.deepcopy = deepcopy
-        self._position = 0
+        self._start = 0
 
     def __iter__(self) -> Iterator[Any]:
         state = self._take_pending()
@@ -121,14 +124,11 @@ class ResumableIterableWrapper(Resumable):
                     "please be aware of in-place modification would affect source data.",
                     stacklevel=2,
                 )
-        self._position = state["position"] if state else 0
-        while self._position < len(source):
-            item = source[self._position]
-            self._position += 1
-            yield item
+        self._start = state["position"] if state else 0
+        yield from itertools.islice(source, self._start, None)
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"position": self._position}
+        return {"position": self._start + self._number_of_samples_yielded}
 
     def __len__(self) -> int:
         return len(self.iterable)
@@ -366,48 +366,36 @@ class ResumableFileLister(Resumable):
         return {"root": self._root, "yielded": self._yielded}
 
 
-class ShardingPosition(Resumable):
-    """Inserted under an upstream ``ShardingFilter``: counts the items it takes from its source.
+#: Upstream ``ShardingFilter`` -> ``(instance_id to restore at the next epoch, items it yielded
+#: before the current iteration started)`` while a resumed epoch runs with a shifted id.
+_SHIFTED: weakref.WeakKeyDictionary[ShardingFilterIterDataPipe, Tuple[int, int]] = weakref.WeakKeyDictionary()
 
-    A resumed epoch starts the filter's enumeration afresh over a source resumed ``consumed``
-    items in, so its ``instance_id`` is shifted by ``consumed`` for that epoch (and put back by
-    :func:`reset_graph_state`).
+
+def _sharding_state(sf: ShardingFilterIterDataPipe) -> Dict[str, Any]:
+    """How many items the filter yielded this epoch (torch's iterator hook counts them)."""
+    base = _SHIFTED[sf][1] if sf in _SHIFTED else 0
+    return {"yielded": base + sf._number_of_samples_yielded}
+
+
+def _sharding_load(sf: ShardingFilterIterDataPipe, state: Dict[str, Any]) -> None:
+    """Resume the filter over a source resumed where it stood.
+
+    Suspended right after its ``j``-th item, the filter had taken ``i + 1`` items from its source,
+    where ``i = instance_id + (j - 1) * num_of_instances`` is the index of that item. A fresh
+    enumeration over the resumed source must therefore pick the indices ``k`` with
+    ``(k + i + 1) % n == instance_id``, i.e. ``k % n == n - 1``.
     """
+    yielded = state["yielded"]
+    original = _SHIFTED[sf][0] if sf in _SHIFTED else sf.instance_id
+    _SHIFTED[sf] = (original, yielded)
+    if yielded:
+        consumed = original + (yielded - 1) * sf.num_of_instances + 1
+        sf.instance_id = (original - consumed) % sf.num_of_instances
 
-    def __init__(self, source_datapipe: IterDataPipe, sharding_filter: ShardingFilterIterDataPipe) -> None:
-        self.source_datapipe = source_datapipe
-        self._filter = sharding_filter
-        self._consumed = 0
-        self._original_instance_id: Optional[int] = None
 
-    def __iter__(self) -> Iterator[Any]:
-        state = self._take_pending()
-        self._consumed = state["consumed"] if state else 0
-        for item in self.source_datapipe:
-            self._consumed += 1
-            yield item
-
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        sharding = self._filter
-        self._original_instance_id = sharding.instance_id
-        sharding.instance_id = (sharding.instance_id - state["consumed"]) % sharding.num_of_instances
-
-    def unshift(self) -> None:
-        if self._original_instance_id is not None:
-            self._filter.instance_id = self._original_instance_id
-            self._original_instance_id = None
-
-    def state_dict(self) -> Dict[str, Any]:
-        return {"consumed": self._consumed}
-
-    # The sharding filter above is not a parent: only its source is, for graph traversal.
-    def __getstate__(self) -> Dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_filter"] = None
-        if IterDataPipe.getstate_hook is not None:
-            return IterDataPipe.getstate_hook(state)
-        return state
+def _sharding_reset(sf: ShardingFilterIterDataPipe) -> None:
+    if sf in _SHIFTED:
+        sf.instance_id = _SHIFTED.pop(sf)[0]
 
 
 def _adapt_iterable_wrapper(dp: IterableWrapperIterDataPipe) -> Optional[IterDataPipe]:
@@ -440,7 +428,9 @@ STATELESS = (
     ZipperIterDataPipe,
 )
 
-_STATE_FUNCTIONS: Dict[type, Tuple[Callable[[Any], Any], Callable[[Any, Any], None]]] = {}
+_STATE_FUNCTIONS: Dict[type, Tuple[Callable[[Any], Any], Callable[[Any, Any], None]]] = {
+    ShardingFilterIterDataPipe: (_sharding_state, _sharding_load),
+}
 
 
 def register_state_functions(
@@ -481,7 +471,7 @@ def unresumable_datapipe(datapipe: DataPipe) -> Optional[str]:
 
 def make_resumable(datapipe: DataPipe) -> DataPipe:
     """Rewrite a resumable graph (see :func:`unresumable_datapipe`): replace upstream DataPipes by
-    their equivalents and put a :class:`ShardingPosition` under every ``ShardingFilter``."""
+    their equivalents. ``ShardingFilter`` stays: ``DataLoader2`` finds it by its exact type."""
     graph = traverse_dps(datapipe)
     for _, dp in graph_datapipes(datapipe):
         adapter = ADAPTERS.get(type(dp))
@@ -489,11 +479,7 @@ def make_resumable(datapipe: DataPipe) -> DataPipe:
             replacement = adapter(dp)
             if replacement is not None:
                 graph = replace_dp(graph, dp, replacement)
-    datapipe = next(iter(graph.values()))[0]
-    for _, dp in graph_datapipes(datapipe):
-        if type(dp) is ShardingFilterIterDataPipe and not isinstance(dp.source_datapipe, ShardingPosition):
-            dp.source_datapipe = ShardingPosition(dp.source_datapipe, dp)
-    return datapipe
+    return next(iter(graph.values()))[0]
 
 
 def capture_graph_state(graph: List[Tuple[str, DataPipe]]) -> bytes:
@@ -552,5 +538,5 @@ def reset_graph_state(graph: List[Tuple[str, DataPipe]]) -> None:
         if isinstance(dp, Resumable):
             dp._pending = None
             dp._started = False
-        if isinstance(dp, ShardingPosition):
-            dp.unshift()
+        if type(dp) is ShardingFilterIterDataPipe:
+            _sharding_reset(dp)
