@@ -205,7 +205,13 @@ class WorkerConsumer(IterDataPipe):
         if outstanding * 2 <= self.window:
             count = self.window - outstanding
             self.granted[worker_id] += count
-            self.channels[worker_id].send(GetNextRequest(self.epoch, count))
+            try:
+                self.channels[worker_id].send(GetNextRequest(self.epoch, count))
+            except WorkerDiedError as e:
+                if not self._may_heal(worker_id):
+                    self.broken = f"{type(e).__name__}: {e}"
+                    raise
+                self._heal(worker_id, e)  # the new worker gets all outstanding credit, this grant included
 
     def _read(self, worker_id: int, timeout_s: Optional[float], what: str) -> Any:
         """Read one message from worker ``worker_id``; data goes to its buffer, others are returned.

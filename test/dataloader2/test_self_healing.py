@@ -105,3 +105,16 @@ def test_a_worker_found_dead_when_sending_it_a_request_is_replaced(make_dl: Any)
     with pytest.warns(RuntimeWarning, match="restarting it"):
         dl.reading_service.snapshot()
     assert got + list(it) == reference
+
+
+def test_a_worker_found_dead_when_granting_it_credit_is_replaced(make_dl: Any) -> None:
+    reference = list(make_dl(pipeline("shuffle_after_sharding", 200), rs(2)))
+    dl = make_dl(pipeline("shuffle_after_sharding", 200), rs(2, restart_dead_workers=1))
+    it = iter(dl)
+    got = take(it, 7)
+    victim = dl.reading_service._worker_processes[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join(10)  # dead for sure: the next credit for it cannot be written
+    with pytest.warns(RuntimeWarning, match="restarting it"):
+        got += list(it)
+    assert got == reference
