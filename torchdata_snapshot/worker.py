@@ -144,7 +144,14 @@ from torchdata_snapshot.stateful import (
     unresumable_datapipe,
 )
 
-__all__ = ["REPLAY_HEARTBEAT_S", "WorkerLoop", "WorkerOptions", "prepare_worker_graph", "run_worker"]
+__all__ = [
+    "CAPTURE_TIME_BUDGET",
+    "REPLAY_HEARTBEAT_S",
+    "WorkerLoop",
+    "WorkerOptions",
+    "prepare_worker_graph",
+    "run_worker",
+]
 
 #: During a long replay, a worker tells the main process it is alive this often.
 REPLAY_HEARTBEAT_S = 1.0
@@ -153,6 +160,9 @@ REPLAY_HEARTBEAT_S = 1.0
 #: comes first: requests are answered between items without a syscall per item.
 REQUEST_CHECK_ITEMS = 64
 REQUEST_CHECK_S = 0.002
+
+#: Stateful restore: the share of a worker's time that capturing its graph's state may take.
+CAPTURE_TIME_BUDGET = 0.05
 
 
 @dataclass(frozen=True)
@@ -215,6 +225,8 @@ class WorkerLoop:
         # Stateful restore (see torchdata_snapshot.stateful): capture the graph's state every
         # `state_interval` items when every DataPipe of the graph can resume from a state.
         self.stateful = False
+        self._next_capture = options.state_interval  # produced count at which to capture next
+        self._last_capture: Tuple[float, int] = (time.perf_counter(), 0)  # (when, produced)
         if self.init_error is None:
             try:
                 self.datapipe, self.stateful = _maybe_resumable(datapipe, options)
@@ -294,13 +306,20 @@ class WorkerLoop:
             self.produced += 1
             self.credit -= 1
             self.outbox.put_item(self.epoch, payload, item)
-            if self.stateful and self.produced % self.options.state_interval == 0:
+            if self.stateful and self.produced >= self._next_capture:
                 self._capture_state()
             if time.perf_counter() >= deadline:
                 return
 
     def _capture_state(self) -> None:
-        """Send the graph's state after the item just produced (it travels behind that item)."""
+        """Send the graph's state after the item just produced (it travels behind that item).
+
+        The next capture comes after as many items as keep capturing under
+        ``CAPTURE_TIME_BUDGET`` of the worker's time, and at most ``state_interval`` items: a
+        graph with a cheap state is captured often (restores replay little), one holding a large
+        shuffle buffer less often (it costs little while streaming).
+        """
+        start = time.perf_counter()
         try:
             blob = capture_graph_state(self._graph)
         except StateCaptureError as e:
@@ -311,6 +330,11 @@ class WorkerLoop:
             self.stateful = False
             return
         self.outbox.put(StateMarkResponse(self.epoch, self.produced, blob))
+        now = time.perf_counter()
+        per_item_s = (start - self._last_capture[0]) / max(1, self.produced - self._last_capture[1])
+        wanted = (now - start) / (CAPTURE_TIME_BUDGET * max(per_item_s, 1e-9))
+        self._next_capture = self.produced + max(1, min(self.options.state_interval, int(wanted) + 1))
+        self._last_capture = (now, self.produced)
 
     def _end_stream(self, response: Any) -> None:
         self.outbox.put(response)
@@ -360,6 +384,8 @@ class WorkerLoop:
         for source in self._sources:
             source.reset_epoch(self.epoch)
         self.credit = self.produced = 0
+        self._next_capture = self.options.state_interval
+        self._last_capture = (time.perf_counter(), 0)
         self.exhausted = False
         self.iterator = iter(self.datapipe)
         self.outbox.put(ResetEpochResponse(self.epoch))
