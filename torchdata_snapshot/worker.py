@@ -222,11 +222,14 @@ class WorkerLoop:
         self.exhausted = False
         self.paused = False
         self.terminated = False
-        # Stateful restore (see torchdata_snapshot.stateful): capture the graph's state every
-        # `state_interval` items when every DataPipe of the graph can resume from a state.
+        # Stateful restore (see torchdata_snapshot.stateful): capture the graph's state at most
+        # every `state_interval` items when every DataPipe of the graph can resume from a state.
         self.stateful = False
         self._next_capture = options.state_interval  # produced count at which to capture next
-        self._last_capture: Tuple[float, int] = (time.perf_counter(), 0)  # (when, produced)
+        # Time spent producing this epoch, waits for credit excluded (it paces the captures).
+        self._busy_s = 0.0
+        self._producing_since = 0.0  # start of the current _produce() call
+        self._last_capture: Tuple[float, int] = (0.0, 0)  # (busy seconds, produced) at the last capture
         if self.init_error is None:
             try:
                 self.datapipe, self.stateful = _maybe_resumable(datapipe, options)
@@ -285,7 +288,13 @@ class WorkerLoop:
         Returns at least every ``REQUEST_CHECK_ITEMS`` items or ``REQUEST_CHECK_S`` seconds, so
         that requests (pause, state, reset) are served between items without a syscall per item.
         """
-        deadline = time.perf_counter() + REQUEST_CHECK_S
+        self._producing_since = time.perf_counter()
+        try:
+            self._produce_some(self._producing_since + REQUEST_CHECK_S)
+        finally:
+            self._busy_s += time.perf_counter() - self._producing_since
+
+    def _produce_some(self, deadline: float) -> None:
         for _ in range(REQUEST_CHECK_ITEMS):
             if self.credit <= 0:
                 return
@@ -315,9 +324,11 @@ class WorkerLoop:
         """Send the graph's state after the item just produced (it travels behind that item).
 
         The next capture comes after as many items as keep capturing under
-        ``CAPTURE_TIME_BUDGET`` of the worker's time, and at most ``state_interval`` items: a
-        graph with a cheap state is captured often (restores replay little), one holding a large
-        shuffle buffer less often (it costs little while streaming).
+        ``CAPTURE_TIME_BUDGET`` of the worker's production time, and at most ``state_interval``
+        items: a graph with a cheap state is captured often (restores replay little), one holding
+        a large shuffle buffer less often (it costs little while streaming). Time spent waiting for
+        credit does not count: a worker ahead of a slow training step would otherwise capture
+        after every item, and every message would carry a state.
         """
         start = time.perf_counter()
         try:
@@ -331,10 +342,11 @@ class WorkerLoop:
             return
         self.outbox.put(StateMarkResponse(self.epoch, self.produced, blob))
         now = time.perf_counter()
-        per_item_s = (start - self._last_capture[0]) / max(1, self.produced - self._last_capture[1])
+        busy_s = self._busy_s + (now - self._producing_since)
+        per_item_s = (busy_s - self._last_capture[0]) / max(1, self.produced - self._last_capture[1])
         wanted = (now - start) / (CAPTURE_TIME_BUDGET * max(per_item_s, 1e-9))
         self._next_capture = self.produced + max(1, min(self.options.state_interval, int(wanted) + 1))
-        self._last_capture = (now, self.produced)
+        self._last_capture = (busy_s, self.produced)
 
     def _end_stream(self, response: Any) -> None:
         self.outbox.put(response)
@@ -385,7 +397,7 @@ class WorkerLoop:
             source.reset_epoch(self.epoch)
         self.credit = self.produced = 0
         self._next_capture = self.options.state_interval
-        self._last_capture = (time.perf_counter(), 0)
+        self._busy_s, self._last_capture = 0.0, (0.0, 0)
         self.exhausted = False
         self.iterator = iter(self.datapipe)
         self.outbox.put(ResetEpochResponse(self.epoch))
@@ -402,6 +414,7 @@ class WorkerLoop:
             load_graph_state(self._graph, blob)
             self.iterator = iter(self.datapipe)  # starts from the loaded states
         self._replay(start, request.skip, request.verify)
+        self._last_capture = (self._busy_s, self.produced)  # replayed items do not pace captures
         self.outbox.start_epoch(self.epoch, sent=self.produced)  # as if those had been sent
         self.outbox.put(ReplayResponse(self.epoch, request.skip))
 

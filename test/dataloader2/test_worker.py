@@ -22,11 +22,12 @@ def serve(
     batching: BatchingOptions = BatchingOptions(),
     init_error: Optional[Any] = None,
     verify_replay: bool = True,
+    state_interval: int = 1024,
 ) -> List[Any]:
     """Send ``requests`` one by one (then a terminate), letting the loop finish the work of each
     before the next; return the responses."""
     channel, endpoint, _ = make_pipe_pair()
-    options = WorkerOptions(batching=batching, verify_replay=verify_replay)
+    options = WorkerOptions(batching=batching, verify_replay=verify_replay, state_interval=state_interval)
     loop = WorkerLoop(datapipe, endpoint, WorkerInfo(1, 0), options=options, init_error=init_error)
     for request in [*requests, m.TerminateRequest()]:
         channel.send(request)
@@ -417,3 +418,67 @@ def test_handlers_table_covers_every_request_the_main_process_sends() -> None:
         m.GetStateRequest,
         m.TerminateRequest,
     }
+
+
+class FakeClock:
+    """Stands in for the worker module's ``time``: it moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    monotonic = perf_counter
+
+
+class Timed(IterDataPipe):
+    """A stateful source whose items take 1 ms each and whose state takes 0.5 ms to capture."""
+
+    def __init__(self, clock: FakeClock, n: int) -> None:
+        self.clock, self.n, self.position = clock, n, 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        while self.position < self.n:
+            self.clock.now += 0.001
+            self.position += 1
+            yield self.position - 1
+
+    def state_dict(self) -> Any:
+        self.clock.now += 0.0005
+        return self.position
+
+    def load_state_dict(self, state: Any) -> None:
+        self.position = state
+
+
+def test_captures_are_paced_by_production_time_not_by_waits_for_credit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torchdata_snapshot import worker
+
+    clock = FakeClock()
+    monkeypatch.setattr(worker, "time", clock)
+    channel, endpoint, _ = make_pipe_pair()
+    options = WorkerOptions(state_interval=32)
+    loop = WorkerLoop(Timed(clock, 1000), endpoint, WorkerInfo(1, 0), options=options)
+    positions = []
+
+    def step(request: Any) -> None:  # serve one request; read what it sent (a pipe is bounded)
+        channel.send(request)
+        loop.run_until_idle()
+        while channel.poll():
+            response = channel.recv(timeout_s=1)
+            if isinstance(response, m.StateMarkResponse):
+                positions.append(response.position)
+
+    step(reset())
+    for _ in range(200):  # one item of credit at a time, then a second of training
+        step(m.GetNextRequest(0, 1))
+        clock.now += 1.0
+    step(m.TerminateRequest())
+    # The first capture after `state_interval` items; then as often as 5% of the production
+    # time allows: a 0.5 ms capture per ~1 ms item is one capture every 10 items (counting the
+    # second of waiting per item, it would be after every item).
+    assert positions[:3] == [32, 42, 52]
+    assert all(b - a == 10 for a, b in zip(positions, positions[1:]))
