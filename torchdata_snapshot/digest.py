@@ -127,7 +127,7 @@ def _feed_tensor(h: Any, t: Any) -> None:
     h.update(b"t" + str(t.dtype).encode() + str(tuple(t.shape)).encode())
     if t.layout != torch.strided or t.is_quantized or t.device.type == "meta":
         return
-    flat = t.detach().reshape(-1)
+    flat = t.detach().resolve_conj().resolve_neg().reshape(-1)  # lazy views have no raw bytes
     if flat.numel() == 0:
         return
     if flat.device.type != "cpu":

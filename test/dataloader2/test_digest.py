@@ -50,6 +50,14 @@ def test_different_items_have_different_digests() -> None:
     assert item_digest(Record("r", [1, 2])) != item_digest(Record("r", [1, 3]))
 
 
+def test_conjugate_and_negative_views_digest_as_their_values() -> None:
+    z = torch.tensor([1 + 2j, 3 - 1j])
+    assert item_digest(z.conj()) == item_digest(z.conj().resolve_conj())
+    x = torch.tensor([1.0, -2.0])
+    assert item_digest(x._neg_view()) == item_digest(-x)
+    assert item_digest(z.conj()) != item_digest(z)
+
+
 def test_large_tensors_are_sampled_at_both_ends() -> None:
     big = torch.zeros(SAMPLE_BYTES)  # 4 bytes per element: larger than two samples
     changed_end = big.clone()
