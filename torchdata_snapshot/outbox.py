@@ -15,6 +15,11 @@ names the item), the thread only concatenates, digests the last item of each bat
 and writes.
 
 Counters (``sent``, ``batches``) are the thread's; read them with :meth:`Outbox.counters`.
+
+Failure: if the thread fails for any other reason than a parent that is gone, it sends the
+error to the main process (where it is raised at the worker's position in the stream) and
+breaks the outbox: the next ``put`` raises :class:`ParentGone`, so the worker loop exits
+instead of producing into a queue nobody writes.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ import threading
 from collections import deque
 from typing import Any, Callable, Deque, Optional, Tuple
 
+from torchdata._utils import ExceptionWrapper
+
 from torchdata_snapshot.channel import Endpoint, ParentGone
 from torchdata_snapshot.digest import item_digest
-from torchdata_snapshot.messages import ItemsResponse
+from torchdata_snapshot.messages import ItemsResponse, WorkerExceptionResponse
 from torchdata_snapshot.options import BatchingOptions
 
 __all__ = ["Outbox"]
@@ -50,8 +57,11 @@ class Outbox:
     items handed over but not yet written (see :meth:`counters`).
     """
 
-    def __init__(self, endpoint: Endpoint, batching: BatchingOptions, verify: bool) -> None:
+    def __init__(
+        self, endpoint: Endpoint, batching: BatchingOptions, verify: bool, name: str = "worker"
+    ) -> None:
         self.endpoint = endpoint
+        self.name = name
         self.batching = batching
         self.verify = verify
         self._queue: Deque[Any] = deque()
@@ -60,7 +70,7 @@ class Outbox:
         self._epoch = -1
         self._sent = 0
         self._batches = 0
-        self.broken: Optional[BaseException] = None  # set when the parent is gone
+        self.broken: Optional[BaseException] = None  # set when the parent is gone or the thread failed
         self._thread = threading.Thread(target=self._run, name="torchdata_snapshot outbox", daemon=True)
         self._thread.start()
 
@@ -146,10 +156,20 @@ class Outbox:
                     self._busy = False
                     self._cond.notify_all()
         except ParentGone as e:
-            with self._cond:
-                self.broken = e
-                self._busy = False
-                self._cond.notify_all()
+            self._break(e)
+        except Exception as e:
+            report = WorkerExceptionResponse(ExceptionWrapper(where=f"in the outbox thread of {self.name}"))
+            try:
+                self.endpoint.send(report)
+            except Exception:
+                pass  # the pipe itself failed: the main process sees the worker exit instead
+            self._break(e)
+
+    def _break(self, cause: BaseException) -> None:
+        with self._cond:
+            self.broken = cause
+            self._busy = False
+            self._cond.notify_all()
 
     def _write_batch(self, batch: Any) -> None:
         epoch = batch[0].epoch  # always the current epoch: start_epoch() drops older items

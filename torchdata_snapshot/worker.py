@@ -214,7 +214,7 @@ class WorkerLoop:
         self.distributed_shared_seed = distributed_shared_seed
         self.init_error = init_error
         self.encoder = ItemEncoder()
-        self.outbox = Outbox(endpoint, options.batching, options.verify_replay)
+        self.outbox = Outbox(endpoint, options.batching, options.verify_replay, self.name)
         self.epoch = -1
         self.iterator: Optional[Any] = None
         self.credit = 0
@@ -243,7 +243,7 @@ class WorkerLoop:
     # --- main loop ------------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Serve until ``TerminateRequest`` or until the parent is gone."""
+        """Serve until ``TerminateRequest``, until the parent is gone or until the outbox broke."""
         try:
             while not self.terminated:
                 if self._can_produce():
@@ -253,6 +253,8 @@ class WorkerLoop:
                     request = self.endpoint.recv(LIVENESS_CHECK_INTERVAL_S)
                     if request is not None:
                         self._handle(request)
+                    elif self.outbox.broken is not None:
+                        return  # it reported why; nothing this loop sends can reach the parent
         except ParentGone:
             pass
         finally:

@@ -184,6 +184,32 @@ class FooRequest(m.Request):
     pass
 
 
+def test_a_failing_outbox_thread_reports_its_error_and_the_loop_exits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torchdata_snapshot import outbox
+
+    def digest(item: Any) -> str:
+        if item == 3:
+            raise ValueError("cannot digest 3")
+        return item_digest(item)
+
+    monkeypatch.setattr(outbox, "item_digest", digest)
+    channel, endpoint, _ = make_pipe_pair()
+    options = WorkerOptions(batching=BatchingOptions(max_items=1))
+    loop = WorkerLoop(IterableWrapper(range(10)), endpoint, WorkerInfo(1, 0), options=options)
+    channel.send(reset())
+    channel.send(m.GetNextRequest(0, 10))
+    loop.run()  # returns: it does not wait for requests it could never answer
+    responses = []
+    while channel.poll():
+        responses.append(channel.recv(timeout_s=1))
+    assert items_of(responses) == [0, 1, 2]
+    assert isinstance(responses[-1], m.WorkerExceptionResponse)
+    with pytest.raises(ValueError, match="(?s)in the outbox thread of worker process 0.*cannot digest 3"):
+        responses[-1].exc.reraise()
+
+
 def test_an_unknown_request_gets_an_error_response_and_the_loop_keeps_serving() -> None:
     responses = serve(IterableWrapper(range(2)), [FooRequest(), reset(), m.GetNextRequest(0, 2)])
     assert isinstance(responses[0], m.ErrorResponse) and responses[0].request_type == "FooRequest"
