@@ -243,8 +243,7 @@ class WorkerConsumer(IterDataPipe):
                 self.received[worker_id] += response.count
                 if response.mark is not None:
                     self.marks[worker_id].append(response.mark)
-                    if self.user_position is not None:
-                        self.position_mark(worker_id, self.user_position[worker_id])
+                    self.position_mark(worker_id, self._kept_position(worker_id))
             return None
         if isinstance(response, StopIterationResponse):
             if response.epoch == self.epoch:
@@ -253,8 +252,7 @@ class WorkerConsumer(IterDataPipe):
         if isinstance(response, StateMarkResponse):
             if response.epoch == self.epoch:
                 self.states[worker_id].append((response.position, response.state))
-                if self.user_position is not None:
-                    self.position_state(worker_id, self.user_position[worker_id])
+                self.position_state(worker_id, self._kept_position(worker_id))
             return None
         if isinstance(response, WorkerExceptionResponse):
             self.buffers[worker_id].append(_Raise(response.exc))
@@ -384,19 +382,26 @@ class WorkerConsumer(IterDataPipe):
 
     def position_state(self, worker_id: int, position: int) -> Optional[GraphState]:
         """The latest graph state of worker ``worker_id`` captured at or before ``position``."""
-        with self.lock:
-            states = self.states[worker_id]
-            while states and states[0][0] <= position:
-                self.best_states[worker_id] = states.popleft()
-            return self.best_states[worker_id]
+        return self._settle(self.states[worker_id], self.best_states, worker_id, position)
 
     def position_mark(self, worker_id: int, position: int) -> Optional[Mark]:
         """The latest mark of worker ``worker_id``'s stream at or before ``position``."""
+        return self._settle(self.marks[worker_id], self.best_marks, worker_id, position)
+
+    def _settle(self, pending: Deque[Any], best: List[Any], worker_id: int, position: int) -> Any:
+        """Keep only the latest entry at or before ``position`` (positions only grow) and those after."""
         with self.lock:
-            marks = self.marks[worker_id]
-            while marks and marks[0][0] <= position:
-                self.best_marks[worker_id] = marks.popleft()
-            return self.best_marks[worker_id]
+            while pending and pending[0][0] <= position:
+                best[worker_id] = pending.popleft()
+            return best[worker_id]
+
+    def _kept_position(self, worker_id: int) -> int:
+        """How far back marks and states of worker ``worker_id`` may still be asked for: the
+        user's position when it is tracked (checkpoints), else what this process received
+        (self-healing only needs that), so neither list grows with the epoch."""
+        if self.user_position is not None:
+            return self.user_position[worker_id]
+        return self.received[worker_id]
 
     def request_pause(self, pause_fn: Optional[Callable[[DataPipe], DataPipe]] = None) -> None:
         self.request_all(lambda i: PauseRequest(pause_fn), PauseResponse)

@@ -229,6 +229,7 @@ def test_marks_give_the_latest_verified_position_behind_the_user(running) -> Non
     from torchdata_snapshot.digest import item_digest
 
     r = running([IterableWrapper(range(10))], window=16, max_items=3)
+    r.consumer.user_position = [0]  # as an Outlet tracks it; marks past it are kept for later
     assert list(r.start_epoch()) == list(range(10))
     latest = 0
     for position in range(11):

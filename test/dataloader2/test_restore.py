@@ -12,6 +12,7 @@ from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
 
 from torchdata_snapshot import (
+    BatchingOptions,
     IncompatibleCheckpointError,
     InvalidCheckpointError,
     MultiProcessingReadingService,
@@ -76,6 +77,20 @@ def test_the_state_does_not_grow_with_the_position(make_dl: Any) -> None:
         take(it, 15_000)
         late = len(pickle.dumps(dl.state_dict()["reading_service_state"]))
         assert late - early <= 16, "only the digits of the counters may grow"
+
+
+@pytest.mark.parametrize("shape", ["shuffle_after_sharding", "non_replicable_tail"])
+def test_the_main_process_keeps_no_marks_or_states_behind_what_it_may_need(make_dl: Any, shape: str) -> None:
+    """Marks and graph states behind the user's position (or, when a main-process tail hides
+    it, behind what was received) are dropped as they arrive: memory does not grow with k."""
+    dl = make_dl(pipeline(shape, 6_000), rs(2, state_interval=16, batching=BatchingOptions(max_items=4)))
+    it = iter(dl)
+    take(it, 4_000)
+    consumer = dl.reading_service._worker_consumer_datapipe
+    window = consumer.window  # the items a worker may have sent ahead of the user
+    for worker_id in range(2):
+        assert len(consumer.marks[worker_id]) <= window
+        assert len(consumer.states[worker_id]) <= window
 
 
 def test_another_num_workers_is_refused_before_any_process_starts(make_dl: Any) -> None:
