@@ -160,7 +160,7 @@ class MultiProcessingReadingService(
             not grow with the position. ``0`` turns capturing off.
         stateful: ``None`` (default) restores from states where the graph allows it and replays
             elsewhere; ``False`` always replays; ``True`` requires it (a graph that cannot is an
-            error when the workers start).
+            error at the first ``iter()``; so is ``sharding_round_robin_dispatch``).
     """
 
     def __init__(
@@ -209,6 +209,8 @@ class MultiProcessingReadingService(
         self.state_interval = _check_count("state_interval", state_interval)
         if stateful not in (None, True, False):
             raise ValueError(f"stateful must be None, True or False, got {stateful!r}")
+        if stateful and not state_interval:
+            raise ValueError("stateful=True needs state_interval > 0 (0 turns state capture off)")
         self.stateful = stateful
         self._mp = num_workers > 0
         self._reset_runtime()

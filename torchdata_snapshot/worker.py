@@ -579,6 +579,13 @@ def _maybe_resumable(datapipe: DataPipe, options: WorkerOptions) -> Tuple[DataPi
     whether it was."""
     if options.stateful is False or options.state_interval <= 0:
         return datapipe, False
+    if find_dispatched_sources(datapipe):
+        if options.stateful:
+            raise StateCaptureError(
+                "stateful=True is not available with sharding_round_robin_dispatch: the dispatching "
+                "process is restored by replay only; use stateful=None (or False)"
+            )
+        return datapipe, False
     culprit = unresumable_datapipe(datapipe)
     if culprit is None:
         return make_resumable(datapipe), True

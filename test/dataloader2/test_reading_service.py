@@ -63,6 +63,8 @@ def test_is_an_upstream_reading_service_with_the_same_defaults() -> None:
         ({"multiprocessing_context": "threads"}, "multiprocessing_context must be one of"),
         ({"control_timeout_s": 0}, "control_timeout_s must be > 0"),
         ({"timeout_s": -1}, "timeout_s must be > 0 or None"),
+        ({"stateful": "yes"}, "stateful must be None, True or False"),
+        ({"stateful": True, "state_interval": 0}, "stateful=True needs state_interval > 0"),
     ],
 )
 def test_bad_arguments_are_refused_with_value_errors(kwargs: Any, match: str) -> None:

@@ -75,6 +75,12 @@ def test_stateful_true_names_the_datapipe_that_cannot_resume(make_dl: Any) -> No
         list(dl)
 
 
+def test_stateful_true_refuses_a_dispatching_process(make_dl: Any) -> None:
+    dl = make_dl(pipeline("dispatch", 20), rs(2, stateful=True))
+    with pytest.raises(StateCaptureError, match="not available with sharding_round_robin_dispatch"):
+        list(dl)
+
+
 def test_a_failing_load_state_dict_is_a_clear_error(make_dl: Any) -> None:
     dl = make_dl(CountingStateful(400).sharding_filter(), rs(2, state_interval=8))
     take(iter(dl), 100)
