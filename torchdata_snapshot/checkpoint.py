@@ -36,6 +36,7 @@ from torchdata.dataloader2.graph import DataPipe, traverse_dps
 
 from torchdata_snapshot.errors import IncompatibleCheckpointError, InvalidCheckpointError
 from torchdata_snapshot.seeds import check_seed_state
+from torchdata_snapshot.snapshot import describe_datapipe
 
 __all__ = [
     "FORMAT",
@@ -277,8 +278,7 @@ def _checksum(state: Dict[str, Any]) -> str:
 
 
 def _describe_node(dp: DataPipe) -> str:
-    cls = type(dp)
-    words = [f"{cls.__module__}.{cls.__qualname__}"]
+    words = [describe_datapipe(dp)]
     for attribute in ("fn", "filter_fn"):
         fn = getattr(dp, attribute, None)
         if callable(fn):

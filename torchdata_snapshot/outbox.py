@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Any, Callable, Deque, Optional, Tuple
+from typing import Any, Deque, Optional, Tuple
 
 from torchdata._utils import ExceptionWrapper
 
@@ -82,10 +82,6 @@ class Outbox:
     def put(self, message: Any) -> None:
         """Queue a message after everything queued before it."""
         self._put(message)
-
-    def put_deferred(self, build: Callable[[], Any]) -> None:
-        """Queue a message built by ``build()`` in the thread, once everything before it is written."""
-        self._put(build)
 
     def _put(self, entry: Any) -> None:
         if self.broken is not None:
@@ -151,7 +147,7 @@ class Outbox:
                 if batch is not None:
                     self._write_batch(batch)
                 else:
-                    self.endpoint.send(head() if callable(head) else head)
+                    self.endpoint.send(head)
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()

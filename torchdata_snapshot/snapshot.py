@@ -82,7 +82,8 @@ def graph_datapipes(datapipe: DataPipe) -> List[Tuple[str, DataPipe]]:
     return [(datapipe_key(i, dp), dp) for i, dp in enumerate(list_dps(traverse_dps(datapipe)))]
 
 
-def _describe(datapipe: DataPipe) -> str:
+def describe_datapipe(datapipe: DataPipe) -> str:
+    """The DataPipe's class, as error messages name it."""
     return f"{type(datapipe).__module__}.{type(datapipe).__qualname__}"
 
 
@@ -119,7 +120,7 @@ def capture_datapipe_states(datapipes: List[Tuple[str, DataPipe]]) -> Dict[str, 
             state = state_dict()
         except Exception as e:
             raise StateCaptureError(
-                f"state_dict() of DataPipe {key} ({_describe(dp)}) raised {type(e).__name__}: {e}"
+                f"state_dict() of DataPipe {key} ({describe_datapipe(dp)}) raised {type(e).__name__}: {e}"
             ) from e
         try:
             pickle.dumps(state)
@@ -127,7 +128,7 @@ def capture_datapipe_states(datapipes: List[Tuple[str, DataPipe]]) -> Dict[str, 
             where = _find_unpicklable(state)
             attribute = "" if where is None else f" (attribute {where})"
             raise StateCaptureError(
-                f"the state of DataPipe {key} ({_describe(dp)}) cannot be pickled{attribute}: "
+                f"the state of DataPipe {key} ({describe_datapipe(dp)}) cannot be pickled{attribute}: "
                 f"{type(e).__name__}: {e}"
             ) from e
         states[key] = state

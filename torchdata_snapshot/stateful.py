@@ -62,7 +62,7 @@ from torchdata.datapipes.iter import Header as HeaderIterDataPipe
 
 from torchdata_snapshot.errors import StateCaptureError, StateRestoreError
 from torchdata_snapshot.rng import capture_global_rng, install_global_rng
-from torchdata_snapshot.snapshot import graph_datapipes
+from torchdata_snapshot.snapshot import capture_datapipe_states, describe_datapipe, graph_datapipes
 
 __all__ = [
     "ADAPTERS",
@@ -449,10 +449,6 @@ def _has_methods(dp: DataPipe) -> bool:
     return callable(getattr(dp, "state_dict", None)) and callable(getattr(dp, "load_state_dict", None))
 
 
-def _describe(dp: DataPipe) -> str:
-    return f"{type(dp).__module__}.{type(dp).__qualname__}"
-
-
 def unresumable_datapipe(datapipe: DataPipe) -> Optional[str]:
     """``None`` if the graph can resume from captured states, else the first DataPipe that cannot."""
     for _, dp in graph_datapipes(datapipe):
@@ -466,7 +462,7 @@ def unresumable_datapipe(datapipe: DataPipe) -> Optional[str]:
             continue
         adapter = ADAPTERS.get(kind)
         if adapter is None or adapter(dp) is None:
-            return _describe(dp)
+            return describe_datapipe(dp)
     return None
 
 
@@ -500,13 +496,11 @@ def capture_graph_state(graph: List[Tuple[str, DataPipe]]) -> bytes:
                 states[key] = dp.state_dict()
         except Exception as e:
             raise StateCaptureError(
-                f"state_dict() of DataPipe {key} ({_describe(dp)}) raised {type(e).__name__}: {e}"
+                f"state_dict() of DataPipe {key} ({describe_datapipe(dp)}) raised {type(e).__name__}: {e}"
             ) from e
     try:
         return pickle.dumps(states, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:
-        from torchdata_snapshot.snapshot import capture_datapipe_states
-
         capture_datapipe_states(graph)  # names the DataPipe and attribute that do not pickle
         raise StateCaptureError(f"the graph's state cannot be pickled: {type(e).__name__}: {e}") from e
 
@@ -527,9 +521,8 @@ def load_graph_state(graph: List[Tuple[str, DataPipe]], blob: bytes) -> None:
             else:
                 dp.load_state_dict(states[key])
         except Exception as e:
-            raise StateRestoreError(
-                f"load_state_dict() of DataPipe {key} ({_describe(dp)}) raised {type(e).__name__}: {e}"
-            ) from e
+            what = f"load_state_dict() of DataPipe {key} ({describe_datapipe(dp)})"
+            raise StateRestoreError(f"{what} raised {type(e).__name__}: {e}") from e
     install_global_rng(states[_RNG_KEY])
 
 
