@@ -1,9 +1,13 @@
 """The reading service's checkpoint: versioned plain data, built, validated and checked here.
 
-``MultiProcessingReadingService.checkpoint()`` returns a ``dict`` of ints, strings, bools, lists
-and dicts only (no pickled object of ours), so that it survives ``torch.save``/``torch.load``
-(also with ``weights_only=True``) and ``pickle``, and loading it runs no code. Its size does not
-grow with the position in the epoch: it holds counters, seeds and digests, never data.
+``MultiProcessingReadingService.checkpoint()`` returns a ``dict`` of ints, strings, bools, bytes,
+lists and dicts only (no pickled object of ours), so that it survives ``torch.save``/``torch.load``
+(also with ``weights_only=True``) and ``pickle``, and validating it runs no code. Its size does
+not grow with the position in the epoch: it holds counters, seeds, digests and, with stateful
+restore, one graph state per worker (``bytes``: the pickled states of its DataPipes, which hold
+data only where the DataPipe does, e.g. a shuffle buffer). Those bytes are unpickled by the
+worker on restore, as the serialized pipeline ``DataLoader2.state_dict()`` stores beside this
+state is unpickled by ``DataLoader2``: a checkpoint is as trusted as that pickle.
 
 Keys (``Checkpoint.to_plain()``)::
 
@@ -19,7 +23,8 @@ Keys (``Checkpoint.to_plain()``)::
                   or a main-process tail that is not one-to-one); the workers then restart at 0
     mark          [position, digest] of an item the user received (main-process replay), or None
     workers       per worker: {"delivered": items of its stream the user received,
-                               "mark": [position, digest] of one of them, or None}
+                               "mark": [position, digest] of one of them, or None,
+                               "state": [position, bytes] its graph state after that item, or None}
     next_worker   the worker the round-robin asks next
     checksum      digest of all the above; any change to the state is detected
 """

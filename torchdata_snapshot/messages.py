@@ -140,8 +140,8 @@ class ItemsResponse(Response):
 @dataclass(frozen=True)
 class StateMarkResponse(Response):
     """The state of the worker's whole graph right after it produced its ``position``-th item of
-    epoch ``epoch`` (see :mod:`torchdata_snapshot.stateful`), sent every ``state_interval`` items
-    after that item."""
+    epoch ``epoch`` (see :mod:`torchdata_snapshot.stateful`), sent right behind that item; how
+    often is paced by the worker (see ``WorkerLoop._capture_state``)."""
 
     epoch: int
     position: int

@@ -42,9 +42,9 @@ request            handler                                                      
 ================== =============================================================== ===================
 ResetEpochRequest  seed the graph (``process_reset_fn``), fresh iterator,           ResetEpochResponse
                    credit and counters to zero
-ReplayRequest      produce and drop the first ``skip`` items (restore), check the   ReplayResponse
-                   item at the mark's position against its digest
-GetNextRequest     add credit (ignored if for another epoch)                        (items)
+ReplayRequest      load the graph state if given, produce and drop the next ``skip`` ReplayResponse
+                   items (restore), check the item at the mark against its digest
+GetNextRequest     add credit (ignored if for another epoch)                        (items, states)
 PauseRequest       send what is produced, ``pause()`` DataPipes, apply ``pause_fn`` PauseResponse
 ResumeRequest      apply ``resume_fn``, ``resume()`` DataPipes                      ResumeResponse
 LimitRequest       apply ``limit_fn`` (upstream semantics)                          LimitResponse
@@ -69,13 +69,17 @@ Checkpoint and restore
 last DataPipe) pops, for every item it hands to the user, the worker id the consumer pushed when
 it handed that item downstream; so the user's position in each worker's stream is known exactly
 whatever the main-process tail buffers. Each ``ItemsResponse`` carries the digest of its last
-item with its position (a mark); the checkpoint keeps, per worker, the latest mark at or behind
-the user's position, the epoch's seeds and the round-robin's next worker.
+item with its position (a mark). A stateful graph (see :mod:`torchdata_snapshot.stateful`) also
+sends ``StateMarkResponse(position, state)`` right behind an item, as often as
+``CAPTURE_TIME_BUDGET`` of its production time allows and at most every ``state_interval``
+items. The checkpoint keeps, per worker, the latest mark and state at or behind the user's
+position, the epoch's seeds and the round-robin's next worker.
 
-``restore()`` replays: the epoch restarts with the recorded seeds (``ResetEpochRequest``), the
-dispatcher (if any) is reset, and each worker gets ``ReplayRequest(skip=its position, mark)``: it
-produces and drops those items inside its process, checks the marked one, then streams from
-there under credit as usual. A worker whose stream had ended ends again at the same place, so the
+``restore()`` replays from the latest state (or from the epoch's start): the epoch restarts
+with the recorded seeds (``ResetEpochRequest``), the dispatcher (if any) is reset, and each
+worker gets ``ReplayRequest(skip, mark, state)``: it loads the state, produces and drops the
+``skip`` items after it inside its process, checks the marked one, then streams from there under
+credit as usual. A worker whose stream had ended ends again at the same place, so the
 round-robin's order continues exactly. Main-process tails that are not one-to-one (and
 ``num_workers=0``) are replayed by the outlet itself.
 
