@@ -62,7 +62,12 @@ from torchdata_snapshot.messages import (
     WorkerExceptionResponse,
 )
 from torchdata_snapshot.options import BatchingOptions
-from torchdata_snapshot.snapshot import WorkerSnapshot, capture_datapipe_states, graph_datapipes
+from torchdata_snapshot.snapshot import (
+    WorkerSnapshot,
+    capture_datapipe_states,
+    datapipe_yields,
+    graph_datapipes,
+)
 
 __all__ = [
     "DISPATCH_WINDOW",
@@ -312,7 +317,7 @@ class DispatcherLoop:
             buffered=sum(len(p) for p in self.pending),
             exhausted=self.ended is not None,
             paused=self.paused,
-            datapipe_yields={key: int(getattr(dp, "_number_of_samples_yielded", 0)) for key, dp in graph},
+            datapipe_yields=datapipe_yields(graph),
             datapipe_states=capture_datapipe_states(graph) if include_datapipe_states else {},
             sent_per_worker=tuple(self.sent),
         )

@@ -57,7 +57,12 @@ from torchdata_snapshot.options import BatchingOptions
 from torchdata_snapshot.outlet import Outlet
 from torchdata_snapshot.rng import IsolatedRNG
 from torchdata_snapshot.seeds import load_seed_state, seed_state
-from torchdata_snapshot.snapshot import WorkerSnapshot, capture_datapipe_states, graph_datapipes
+from torchdata_snapshot.snapshot import (
+    WorkerSnapshot,
+    capture_datapipe_states,
+    datapipe_yields,
+    graph_datapipes,
+)
 from torchdata_snapshot.worker import WorkerOptions, run_worker
 
 __all__ = ["JOIN_TIMEOUT_S", "MultiProcessingReadingService"]
@@ -700,7 +705,7 @@ class MultiProcessingReadingService(
             delivered=delivered,
             exhausted=self._end_datapipe.finished,
             paused=self._paused,
-            datapipe_yields={key: int(getattr(dp, "_number_of_samples_yielded", 0)) for key, dp in graph},
+            datapipe_yields=datapipe_yields(graph),
             datapipe_states=capture_datapipe_states(graph),
         )
 

@@ -10,7 +10,14 @@ from torchdata.dataloader2.graph import DataPipe, list_dps, traverse_dps
 
 from torchdata_snapshot.errors import StateCaptureError
 
-__all__ = ["WorkerSnapshot", "capture_datapipe_states", "datapipe_key", "graph_datapipes"]
+__all__ = [
+    "WorkerSnapshot",
+    "capture_datapipe_states",
+    "datapipe_key",
+    "datapipe_yields",
+    "describe_datapipe",
+    "graph_datapipes",
+]
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,11 @@ def datapipe_key(index: int, datapipe: DataPipe) -> str:
 def graph_datapipes(datapipe: DataPipe) -> List[Tuple[str, DataPipe]]:
     """All DataPipes of the graph ending at ``datapipe``, output first, with their keys."""
     return [(datapipe_key(i, dp), dp) for i, dp in enumerate(list_dps(traverse_dps(datapipe)))]
+
+
+def datapipe_yields(graph: List[Tuple[str, DataPipe]]) -> Dict[str, int]:
+    """How many items each DataPipe of ``graph`` yielded this epoch (upstream's own counter)."""
+    return {key: int(getattr(dp, "_number_of_samples_yielded", 0)) for key, dp in graph}
 
 
 def describe_datapipe(datapipe: DataPipe) -> str:

@@ -139,7 +139,12 @@ from torchdata_snapshot.messages import (
 )
 from torchdata_snapshot.options import BatchingOptions
 from torchdata_snapshot.outbox import Outbox
-from torchdata_snapshot.snapshot import WorkerSnapshot, capture_datapipe_states, graph_datapipes
+from torchdata_snapshot.snapshot import (
+    WorkerSnapshot,
+    capture_datapipe_states,
+    datapipe_yields,
+    graph_datapipes,
+)
 from torchdata_snapshot.stateful import (
     capture_graph_state,
     load_graph_state,
@@ -515,7 +520,7 @@ class WorkerLoop:
             dp.pause()
         try:
             states = capture_datapipe_states(self._graph) if include_datapipe_states else {}
-            yields = {key: int(getattr(dp, "_number_of_samples_yielded", 0)) for key, dp in self._graph}
+            yields = datapipe_yields(self._graph)
         finally:
             for dp in reversed(pausable):
                 dp.resume()
