@@ -9,6 +9,7 @@ the counters of NOTE [ Snapshot protocol ] (see :mod:`torchdata_snapshot.worker`
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Type
 
@@ -530,12 +531,21 @@ class WorkerConsumer(IterDataPipe):
         if self.broken is not None:
             return False  # the pipes cannot be trusted
         self.epoch = -2  # whatever is still in flight is stale
-        said_goodbye = 0
+        asked = []
         for worker_id, channel in enumerate(self.channels):
             try:
                 channel.send(TerminateRequest())
+                asked.append(worker_id)
+            except Exception:
+                pass  # dead already: the caller kills and joins what is left
+        # One deadline for all: workers stuck in user code cost timeout_s in total, not each.
+        deadline = time.monotonic() + timeout_s
+        said_goodbye = 0
+        for worker_id in asked:
+            try:
                 while not isinstance(
-                    self._read(worker_id, timeout_s, "TerminateResponse"), TerminateResponse
+                    self._read(worker_id, max(0.0, deadline - time.monotonic()), "TerminateResponse"),
+                    TerminateResponse,
                 ):
                     pass
                 said_goodbye += 1

@@ -69,6 +69,15 @@ def test_a_worker_stuck_on_an_item_is_reported_by_the_item_timeout(make_dl: Any)
     )
 
 
+def test_shutting_down_workers_all_stuck_waits_once_not_once_per_worker(make_dl: Any) -> None:
+    dl = make_dl(IterableWrapper([5] * 8).sharding_filter().map(stuck_at_5), rs(4, control_timeout_s=1.0))
+    iter(dl)  # every worker is now stuck on its first item, deaf to requests
+    start = time.monotonic()
+    dl.shutdown()
+    assert time.monotonic() - start < 3.0, "one 1 s wait for the four goodbyes, then kill"
+    assert all(p.exitcode is not None for p in dl.reading_service._worker_processes)
+
+
 def test_a_worker_stuck_on_an_item_cannot_hang_a_snapshot(make_dl: Any) -> None:
     dl = make_dl(IterableWrapper(range(20)).sharding_filter().map(stuck_at_5), rs(2, control_timeout_s=1.0))
     it = iter(dl)
