@@ -256,7 +256,8 @@ class WorkerConsumer(IterDataPipe):
                 self.position_state(worker_id, self._kept_position(worker_id))
             return None
         if isinstance(response, WorkerExceptionResponse):
-            self.buffers[worker_id].append(_Raise(response.exc))
+            if response.epoch in (None, self.epoch):
+                self.buffers[worker_id].append(_Raise(response.exc))
             return None
         return response
 

@@ -221,7 +221,7 @@ class DispatcherLoop:
                 if self.ended is _END:
                     endpoint.send(StopIterationResponse(self.epoch))
                 else:
-                    endpoint.send(WorkerExceptionResponse(self.ended))
+                    endpoint.send(WorkerExceptionResponse(self.epoch, self.ended))
                 self.end_sent[w] = True
 
     def _on_worker_request(self, worker_id: int, request: Any) -> None:
@@ -409,7 +409,8 @@ class DispatchedSource(IterDataPipe):
             if response.epoch == self.epoch:
                 self.buffer.append(_END)
         elif isinstance(response, WorkerExceptionResponse):
-            self.buffer.append(response.exc)
+            if response.epoch in (None, self.epoch):
+                self.buffer.append(response.exc)
         elif isinstance(response, ErrorResponse):
             response.exc.reraise()
         else:

@@ -157,8 +157,11 @@ class StopIterationResponse(Response):
 
 @dataclass(frozen=True)
 class WorkerExceptionResponse(Response):
-    """The graph raised; the exception travels as a value and is re-raised where it is read."""
+    """The graph of epoch ``epoch`` raised; the exception travels as a value and is re-raised where
+    it is read. A reader drops it when it belongs to an older epoch, as it drops stale items;
+    ``epoch=None`` (the sender is going away, whatever the epoch) is never stale."""
 
+    epoch: Optional[int]
     exc: ExceptionWrapper
 
 

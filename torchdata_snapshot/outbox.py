@@ -154,7 +154,8 @@ class Outbox:
         except ParentGone as e:
             self._break(e)
         except Exception as e:
-            report = WorkerExceptionResponse(ExceptionWrapper(where=f"in the outbox thread of {self.name}"))
+            where = f"in the outbox thread of {self.name}"
+            report = WorkerExceptionResponse(None, ExceptionWrapper(where=where))
             try:
                 self.endpoint.send(report)
             except Exception:

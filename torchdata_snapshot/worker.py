@@ -315,13 +315,15 @@ class WorkerLoop:
                 self._end_stream(StopIterationResponse(self.epoch))
                 return
             except Exception:
-                self._end_stream(WorkerExceptionResponse(ExceptionWrapper(where=f"in {self.name}")))
+                self._end_stream(
+                    WorkerExceptionResponse(self.epoch, ExceptionWrapper(where=f"in {self.name}"))
+                )
                 return
             try:
                 payload = self.encoder.dumps(item)
             except Exception:
                 where = f"in {self.name} while pickling item {self.produced} of epoch {self.epoch}"
-                self._end_stream(WorkerExceptionResponse(ExceptionWrapper(where=where)))
+                self._end_stream(WorkerExceptionResponse(self.epoch, ExceptionWrapper(where=where)))
                 return
             self.produced += 1
             self.credit -= 1

@@ -4,6 +4,7 @@ import threading
 from typing import Any, List, Tuple
 
 import pytest
+from torchdata._utils import ExceptionWrapper
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import IterableWrapper
 
@@ -142,3 +143,16 @@ def test_sources_are_leaves_for_graph_traversal() -> None:
     ((_, (found, grand_parents)),) = parents.items()
     assert found is source and grand_parents == {}
     assert isinstance(channel, Channel)
+
+
+def test_an_exception_from_an_older_epoch_is_dropped_like_its_items() -> None:
+    channel, endpoint, _ = make_pipe_pair()
+    source = DispatchedSource(channel.bind("link"), window=4)
+    source.reset_epoch(1)
+    try:
+        raise ValueError("epoch 0 failed after the user broke out of it")
+    except ValueError:
+        stale = ExceptionWrapper(where="in the dispatching process")
+    endpoint.send(m.WorkerExceptionResponse(0, stale))  # still in flight when epoch 1 began
+    endpoint.send(m.StopIterationResponse(1))
+    assert list(source) == []

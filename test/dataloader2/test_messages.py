@@ -28,7 +28,7 @@ EXAMPLES = [
     m.ItemsResponse(epoch=3, count=2, payload=b"\x80\x05K\x01.\x80\x05K\x02.", mark=(2, "00ff00ff00ff00ff")),
     m.StateMarkResponse(epoch=3, position=1024, state=b"\x80\x05}."),
     m.StopIterationResponse(epoch=3),
-    m.WorkerExceptionResponse(exc=_wrapped_error()),
+    m.WorkerExceptionResponse(epoch=3, exc=_wrapped_error()),
     m.ErrorResponse(request_type="FooRequest", exc=_wrapped_error()),
     m.PauseRequest(),
     m.PauseResponse(),
