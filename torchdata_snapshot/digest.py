@@ -8,8 +8,9 @@ The digest must be equal for equal items in *different processes* (so no ``id()`
 ``hash()`` of strings, which is salted per process, and no pickle of a shared-memory tensor,
 which names a file descriptor) and cheap for large items: tensors and arrays contribute their
 type, shape and at most ``SAMPLE_BYTES`` from each end of their data. Objects of unknown types
-contribute their ``__dict__`` (or only their type name), so a false alarm is impossible and a
-missed divergence possible only for exotic items.
+contribute their ``__dict__`` (or only their type name), so a false alarm is impossible (as long
+as a DataPipe does not change an item after yielding it: the outbox thread digests it while the
+worker produces the next) and a missed divergence possible only for exotic items.
 """
 
 from __future__ import annotations
