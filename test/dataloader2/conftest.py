@@ -15,37 +15,6 @@ from torchdata.dataloader2 import DataLoader2
 sys.path.insert(0, str(Path(__file__).parent))  # `import pipelines` in tests and in spawned workers
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--mp-context",
-        default=None,
-        choices=["fork", "spawn", "forkserver"],
-        help="start method of the tests that do not choose one (default: fork)",
-    )
-    parser.addoption(
-        "--full-matrix",
-        action="store_true",
-        default=False,
-        help="run the exact-resume contract over every combination of its matrix (slow)",
-    )
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    from hypothesis import settings
-
-    # Every example starts processes: no per-example deadline; more examples for the full matrix.
-    settings.register_profile("suite", max_examples=20, deadline=None)
-    settings.register_profile("full-matrix", max_examples=150, deadline=None)
-    settings.load_profile("full-matrix" if config.getoption("--full-matrix") else "suite")
-    context = config.getoption("--mp-context")
-    if context is not None:
-        # An environment variable, so that fresh processes started by tests see it too.
-        os.environ["TORCHDATA_SNAPSHOT_TEST_CONTEXT"] = context
-        import pipelines
-
-        pipelines.CONTEXT = context
-
-
 #: Long-lived helpers that multiprocessing itself starts and keeps: not leaks.
 _MULTIPROCESSING_HELPERS = ("forkserver", "resource_tracker")
 

@@ -1,0 +1,38 @@
+"""Command-line options of the suite. They live here, at the root of ``testpaths``, because pytest
+reads ``pytest_addoption`` only from the conftest files it loads at start-up: declared deeper,
+``scripts/test.sh --mp-context spawn`` (no path given) would be refused as an unknown option."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--mp-context",
+        default=None,
+        choices=["fork", "spawn", "forkserver"],
+        help="start method of the tests that do not choose one (default: fork)",
+    )
+    parser.addoption(
+        "--full-matrix",
+        action="store_true",
+        default=False,
+        help="run the exact-resume contract over every combination of its matrix (slow)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from hypothesis import settings
+
+    # Every example starts processes: no per-example deadline; more examples for the full matrix.
+    settings.register_profile("suite", max_examples=20, deadline=None)
+    settings.register_profile("full-matrix", max_examples=150, deadline=None)
+    settings.load_profile("full-matrix" if config.getoption("--full-matrix") else "suite")
+    context = config.getoption("--mp-context")
+    if context is not None:
+        # An environment variable, read by test/dataloader2/pipelines.py when it is imported
+        # (after this hook), so that fresh processes started by tests see it too.
+        os.environ["TORCHDATA_SNAPSHOT_TEST_CONTEXT"] = context

@@ -1,0 +1,35 @@
+"""The suite's own options work the way CI passes them: without a path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("option", [["--mp-context", "spawn"], ["--full-matrix"]])
+def test_options_are_accepted_without_a_path(option: list) -> None:
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *option]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "tests collected" in run.stdout
+
+
+def test_mp_context_reaches_the_pipelines_of_the_tests() -> None:
+    command = [
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--mp-context", "forkserver",
+        "test/dataloader2/test_suite_options.py::test_the_context_seen_by_tests",
+    ]  # fmt: skip
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+
+
+def test_the_context_seen_by_tests(request: pytest.FixtureRequest) -> None:
+    import pipelines
+
+    chosen, used = request.config.getoption("--mp-context") or "fork", pipelines.CONTEXT
+    assert used == chosen
