@@ -31,6 +31,7 @@ from torchdata_snapshot.errors import WorkerDiedError, WorkerTimeoutError
 
 __all__ = [
     "LIVENESS_CHECK_INTERVAL_S",
+    "STARTUP_TIMEOUT_S",
     "Channel",
     "Endpoint",
     "ItemDecoder",
@@ -42,6 +43,11 @@ __all__ = [
 
 #: How long a blocked wait sleeps in ``poll`` before it checks that the other side is alive.
 LIVENESS_CHECK_INTERVAL_S = 1.0
+
+#: A process that has not answered yet may still be starting (with ``spawn``: a new interpreter
+#: imports torch and unpickles its graph): its first answer gets at least this long, whatever
+#: the caller's timeout. Liveness is checked all along: a process that dies is reported at once.
+STARTUP_TIMEOUT_S = 120.0
 
 #: How long to wait for a process that closed its pipe to report its exit code.
 EXIT_CODE_WAIT_S = 2.0
@@ -165,6 +171,7 @@ class Channel:
         self.process: Optional[BaseProcess] = None
         self.watch: Optional[Callable[[], None]] = None
         self._pid: Optional[int] = None
+        self._answered = False  # see STARTUP_TIMEOUT_S
 
     def bind(
         self,
@@ -198,8 +205,11 @@ class Channel:
         """Block until the next response, checking liveness every ``LIVENESS_CHECK_INTERVAL_S``.
 
         Raises :class:`WorkerDiedError` if the serving process exits, :class:`WorkerTimeoutError`
-        if ``timeout_s`` passes first (``None`` waits as long as the process lives).
+        if ``timeout_s`` passes first (``None`` waits as long as the process lives; the first
+        answer gets at least ``STARTUP_TIMEOUT_S``).
         """
+        if timeout_s is not None and not self._answered:
+            timeout_s = max(timeout_s, STARTUP_TIMEOUT_S)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             wait_s = LIVENESS_CHECK_INTERVAL_S
@@ -207,7 +217,9 @@ class Channel:
                 wait_s = min(wait_s, max(0.0, deadline - time.monotonic()))
             try:
                 if self.response_conn.poll(wait_s):
-                    return self.response_conn.recv()
+                    response = self.response_conn.recv()
+                    self._answered = True
+                    return response
             except (EOFError, ConnectionResetError, OSError) as e:
                 self._raise_dead(e)
             self.check_alive()

@@ -142,7 +142,8 @@ class MultiProcessingReadingService(
     Keyword Args:
         batching: how workers group items into messages (:class:`BatchingOptions`).
         control_timeout_s: bound on waiting for the answer to a control request (pause, state,
-            epoch reset); a worker answers between two items.
+            epoch reset); a worker answers between two items. A process's first answer, which
+            waits for it to start, gets at least ``STARTUP_TIMEOUT_S`` (120 s).
         timeout_s: bound on waiting for one item (``None``: as long as the worker lives, like
             ``torch.utils.data.DataLoader``'s ``timeout=0``). A dead worker is detected either way.
         verify_replay: on restore, check the replayed items against digests recorded in the

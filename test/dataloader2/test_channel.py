@@ -3,6 +3,7 @@
 import multiprocessing
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -59,12 +60,27 @@ def test_requests_and_responses_cross_in_order() -> None:
 
 
 def test_a_silent_peer_times_out_with_a_named_error() -> None:
-    channel, _endpoint, _ = make_pipe_pair()
+    channel, endpoint, _ = make_pipe_pair()
     channel.bind("worker 3")
+    endpoint.send("started")
+    assert channel.recv(timeout_s=1) == "started"
     start = time.monotonic()
     with pytest.raises(WorkerTimeoutError, match=r"worker 3 did not send a response within 0\.2 s"):
         channel.recv(timeout_s=0.2)
     assert time.monotonic() - start < 5
+
+
+def test_a_first_answer_may_take_longer_than_the_timeout_a_starting_process_gets() -> None:
+    channel, endpoint, _ = make_pipe_pair()
+    channel.bind("worker 3")
+    late = threading.Timer(0.5, endpoint.send, args=("started",))  # a slow start (spawn)
+    late.start()
+    try:
+        assert channel.recv(timeout_s=0.1) == "started"
+    finally:
+        late.join(5)
+    with pytest.raises(WorkerTimeoutError, match=r"within 0\.1 s"):
+        channel.recv(timeout_s=0.1)  # started: the caller's bound applies again
 
 
 def _exit_with(code: int) -> None:
