@@ -222,17 +222,6 @@ class UnpicklableState(Passthrough):
         return {"position": 3, "lock": threading.Lock()}
 
 
-class InterruptOnStateDict(Passthrough):
-    """Sends Ctrl-C (SIGINT) to the main process while it waits for a snapshot, then hangs."""
-
-    def state_dict(self) -> Dict[str, Any]:
-        import threading
-
-        os.kill(os.getppid(), signal.SIGINT)
-        threading.Event().wait()
-        return {}
-
-
 class BlockOnStateDict(Passthrough):
     """Announces through the FIFO ``fifo`` that a snapshot reached it, then hangs."""
 

@@ -18,7 +18,6 @@ import pytest
 from pipelines import (
     BlockOnStateDict,
     FailingStateDict,
-    InterruptOnStateDict,
     KillOnStateDict,
     UnpicklableState,
     double,
@@ -180,14 +179,27 @@ def test_an_unpicklable_state_names_the_datapipe_and_the_attribute(make_dl: Any)
         dl.reading_service.snapshot()
 
 
-def test_ctrl_c_during_a_snapshot_shuts_the_service_down(make_dl: Any) -> None:
-    dl = make_dl(InterruptOnStateDict(IterableWrapper(range(30))).sharding_filter(), rs(2))
+def test_ctrl_c_during_a_snapshot_shuts_the_service_down(make_dl: Any, tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    dl = make_dl(BlockOnStateDict(IterableWrapper(range(30)), str(fifo)).sharding_filter(), rs(2))
     it = iter(dl)
     take(it, 2)
+
+    def ctrl_c_mid_snapshot() -> None:
+        with open(fifo, "rb") as f:  # returns once a worker is inside state_dict()
+            f.read()
+        # To the main thread itself: a process-wide SIGINT may be taken by another thread and
+        # seen by the main thread only when it next runs Python code.
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
+
+    interrupter = threading.Thread(target=ctrl_c_mid_snapshot, daemon=True)
+    interrupter.start()
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         dl.reading_service.snapshot()
     assert time.monotonic() - start < BOUND_S
+    interrupter.join(BOUND_S)
     with pytest.raises(ReadingServiceClosedError):
         dl.reading_service.snapshot()
     with pytest.raises(ReadingServiceError, match="cannot continue after an interrupted exchange"):
