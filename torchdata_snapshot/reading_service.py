@@ -161,7 +161,7 @@ class MultiProcessingReadingService(
             worker's graph is not applied again.
         state_interval: stateful restore: when every DataPipe of a worker's graph can report and
             load its state (:mod:`torchdata_snapshot.stateful`), the worker captures it at least
-            every ``state_interval`` items (more often when capturing takes under 5% of its time)
+            every ``state_interval`` items (more often when capturing takes under 1% of its time)
             and a restore loads the latest one instead of replaying the epoch, so its cost does
             not grow with the position. ``0`` turns capturing off.
         stateful: ``None`` (default) restores from states where the graph allows it and replays

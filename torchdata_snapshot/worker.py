@@ -171,7 +171,7 @@ REQUEST_CHECK_ITEMS = 64
 REQUEST_CHECK_S = 0.002
 
 #: Stateful restore: the share of a worker's time that capturing its graph's state may take.
-CAPTURE_TIME_BUDGET = 0.05
+CAPTURE_TIME_BUDGET = 0.01
 
 
 @dataclass(frozen=True)

@@ -486,7 +486,7 @@ def test_captures_are_paced_by_production_time_not_by_waits_for_credit(
     clock = FakeClock()
     monkeypatch.setattr(worker, "time", clock)
     channel, endpoint, _ = make_pipe_pair()
-    options = WorkerOptions(state_interval=32)
+    options = WorkerOptions(state_interval=100)
     loop = WorkerLoop(Timed(clock, 1000), endpoint, WorkerInfo(1, 0), options=options)
     positions = []
 
@@ -499,12 +499,12 @@ def test_captures_are_paced_by_production_time_not_by_waits_for_credit(
                 positions.append(response.position)
 
     step(reset())
-    for _ in range(200):  # one item of credit at a time, then a second of training
+    for _ in range(400):  # one item of credit at a time, then a second of training
         step(m.GetNextRequest(0, 1))
         clock.now += 1.0
     step(m.TerminateRequest())
-    # The first capture after `state_interval` items; then as often as 5% of the production
-    # time allows: a 0.5 ms capture per ~1 ms item is one capture every 10 items (counting the
+    # The first capture after `state_interval` items; then as often as 1% of the production
+    # time allows: a 0.5 ms capture per ~1 ms item is one capture every 50 items (counting the
     # second of waiting per item, it would be after every item).
-    assert positions[:3] == [32, 42, 52]
-    assert all(b - a == 10 for a, b in zip(positions, positions[1:]))
+    assert positions[:3] == [100, 150, 200]
+    assert all(b - a == 50 for a, b in zip(positions, positions[1:]))
