@@ -182,14 +182,12 @@ class DispatcherLoop:
         while self._demand():
             target = self.produced % self.num_workers
             if len(self.pending[target]) >= self.max_pending:
-                try:
-                    raise ReadingServiceError(
-                        f"the dispatching process holds {self.max_pending} items for worker {target} "
-                        "that it does not ask for: the workers consume the dispatched items very "
-                        "unevenly (a filter after sharding_round_robin_dispatch?)"
-                    )
-                except ReadingServiceError:
-                    self.ended = ExceptionWrapper(where="in dispatching process")
+                error = ReadingServiceError(
+                    f"the dispatching process holds {self.max_pending} items for worker {target} "
+                    "that it does not ask for: the workers consume the dispatched items very "
+                    "unevenly (a filter after sharding_round_robin_dispatch?)"
+                )
+                self.ended = ExceptionWrapper((type(error), error, None), where="in dispatching process")
                 return
             try:
                 item = next(self.iterator)
@@ -229,14 +227,10 @@ class DispatcherLoop:
             if request.epoch == self.epoch:
                 self.credit[worker_id] += request.count
             return
-        try:
-            raise ProtocolError(
-                f"the dispatching process does not serve {type(request).__name__!r} from workers"
-            )
-        except ProtocolError:
-            self.workers[worker_id].send(
-                ErrorResponse(type(request).__name__, ExceptionWrapper(where="in dispatching process"))
-            )
+        name = type(request).__name__
+        error = ProtocolError(f"the dispatching process does not serve {name!r} from workers")
+        wrapped = ExceptionWrapper((type(error), error, None), where="in dispatching process")
+        self.workers[worker_id].send(ErrorResponse(name, wrapped))
 
     def _handle(self, request: Any) -> None:
         handler = self.HANDLERS.get(type(request))

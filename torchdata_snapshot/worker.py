@@ -371,17 +371,10 @@ class WorkerLoop:
         if self.init_error is not None and not isinstance(request, TerminateRequest):
             self.outbox.put(ErrorResponse(type(request).__name__, self.init_error))
             return
-        if handler is None:
-            try:
-                raise ProtocolError(
-                    f"{self.name} does not handle request {type(request).__name__!r} ({request!r})"
-                )
-            except ProtocolError:
-                self.outbox.put(
-                    ErrorResponse(type(request).__name__, ExceptionWrapper(where=f"in {self.name}"))
-                )
-            return
         try:
+            if handler is None:
+                name = type(request).__name__
+                raise ProtocolError(f"{self.name} does not handle request {name!r} ({request!r})")
             handler(self, request)
         except ParentGone:
             raise

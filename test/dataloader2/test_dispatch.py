@@ -134,6 +134,14 @@ def test_unknown_requests_get_an_error_response(dispatching) -> None:  # type: i
     assert list(d.sources[0]) == [0, 1, 2, 3]
 
 
+def test_a_control_request_on_a_worker_link_gets_an_error_response(dispatching) -> None:  # type: ignore[no-untyped-def]
+    d = dispatching(IterableWrapper(range(4)), num_workers=1)
+    d.reset()
+    d.sources[0].channel.send(m.PauseRequest())  # only the main process may pause the dispatcher
+    with pytest.raises(ProtocolError, match="does not serve 'PauseRequest' from workers"):
+        list(d.sources[0])
+
+
 def test_sources_are_leaves_for_graph_traversal() -> None:
     from torchdata.dataloader2.graph import traverse_dps
 
