@@ -67,6 +67,7 @@ from torchdata_snapshot.snapshot import (
     capture_datapipe_states,
     datapipe_yields,
     graph_datapipes,
+    pausable,
 )
 
 __all__ = [
@@ -268,9 +269,8 @@ class DispatcherLoop:
         self.control.send(ResetEpochResponse(self.epoch))
 
     def _on_pause(self, request: PauseRequest) -> None:
-        for _, dp in graph_datapipes(self.datapipe):
-            if callable(getattr(dp, "pause", None)):
-                dp.pause()
+        for dp in pausable(dp for _, dp in graph_datapipes(self.datapipe)):
+            dp.pause()
         if request.pause_fn is not None:
             self.datapipe = request.pause_fn(self.datapipe)
         self.paused = True
@@ -279,9 +279,8 @@ class DispatcherLoop:
     def _on_resume(self, request: ResumeRequest) -> None:
         if request.resume_fn is not None:
             self.datapipe = request.resume_fn(self.datapipe)
-        for _, dp in reversed(graph_datapipes(self.datapipe)):
-            if callable(getattr(dp, "resume", None)):
-                dp.resume()
+        for dp in reversed(pausable(dp for _, dp in graph_datapipes(self.datapipe))):
+            dp.resume()
         self.paused = False
         self.control.send(ResumeResponse())
 

@@ -62,6 +62,8 @@ from torchdata_snapshot.snapshot import (
     capture_datapipe_states,
     datapipe_yields,
     graph_datapipes,
+    pausable,
+    paused,
 )
 from torchdata_snapshot.worker import WorkerOptions, run_worker
 
@@ -579,16 +581,13 @@ class MultiProcessingReadingService(
 
     # --- pause / resume / limit (upstream semantics) ------------------------------------------
 
-    def _pausable_main_datapipes(self) -> List[DataPipe]:
-        return [dp for dp in self._main_datapipes if callable(getattr(dp, "pause", None))]
-
     @_shut_down_when_broken
     def _pause(
         self, pause_fn: Optional[Callable[[DataPipe], DataPipe]] = None
     ) -> Optional[Callable[[DataPipe], DataPipe]]:
         """Pause main-process DataPipes (prefetchers, ``fullsync``), then the workers."""
         self._check_open()
-        for dp in self._pausable_main_datapipes():
+        for dp in pausable(self._main_datapipes):
             dp.pause()
         if self._worker_consumer_datapipe is not None:
             # Workers first: they finish their current item, which may need the dispatcher.
@@ -607,7 +606,7 @@ class MultiProcessingReadingService(
             self._ask_dispatcher(ResumeRequest(resume_fn), ResumeResponse)
         if self._worker_consumer_datapipe is not None:
             self._worker_consumer_datapipe.request_resume(resume_fn)
-        for dp in reversed(self._pausable_main_datapipes()):
+        for dp in reversed(pausable(self._main_datapipes)):
             dp.resume()
         self._paused = False
         return None
@@ -659,18 +658,12 @@ class MultiProcessingReadingService(
             raise ReadingServiceError(
                 "snapshot() needs a running reading service: create an iterator of the DataLoader2 first"
             )
-        pausable = [] if self._paused else self._pausable_main_datapipes()
-        for dp in pausable:
-            dp.pause()
-        try:
+        with paused([] if self._paused else pausable(self._main_datapipes)):
             if self._worker_consumer_datapipe is None:
                 return [self._in_process_snapshot()]
             if self._dispatcher_channel is None:
                 return self._worker_consumer_datapipe.request_snapshot()
             return self._snapshot_with_dispatcher()
-        finally:
-            for dp in reversed(pausable):
-                dp.resume()
 
     def _snapshot_with_dispatcher(self) -> List[WorkerSnapshot]:
         """Pause workers, then the dispatcher; take the dispatcher's state, then the workers'

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pickle
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from torchdata.dataloader2.graph import DataPipe, list_dps, traverse_dps
 
@@ -17,6 +18,8 @@ __all__ = [
     "datapipe_yields",
     "describe_datapipe",
     "graph_datapipes",
+    "pausable",
+    "paused",
 ]
 
 
@@ -92,6 +95,23 @@ def graph_datapipes(datapipe: DataPipe) -> List[Tuple[str, DataPipe]]:
 def datapipe_yields(graph: List[Tuple[str, DataPipe]]) -> Dict[str, int]:
     """How many items each DataPipe of ``graph`` yielded this epoch (upstream's own counter)."""
     return {key: int(getattr(dp, "_number_of_samples_yielded", 0)) for key, dp in graph}
+
+
+def pausable(datapipes: Iterable[DataPipe]) -> List[DataPipe]:
+    """The DataPipes with ``pause()``/``resume()`` (those running threads of their own), in order."""
+    return [dp for dp in datapipes if callable(getattr(dp, "pause", None))]
+
+
+@contextmanager
+def paused(datapipes: Sequence[DataPipe]) -> Iterator[None]:
+    """Pause ``datapipes`` (see :func:`pausable`) around a block, resume them in reverse order."""
+    for dp in datapipes:
+        dp.pause()
+    try:
+        yield
+    finally:
+        for dp in reversed(datapipes):
+            dp.resume()
 
 
 def describe_datapipe(datapipe: DataPipe) -> str:

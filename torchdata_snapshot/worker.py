@@ -144,6 +144,8 @@ from torchdata_snapshot.snapshot import (
     capture_datapipe_states,
     datapipe_yields,
     graph_datapipes,
+    pausable,
+    paused,
 )
 from torchdata_snapshot.stateful import (
     capture_graph_state,
@@ -463,9 +465,8 @@ class WorkerLoop:
 
     @_handles(PauseRequest)
     def _on_pause(self, request: PauseRequest) -> None:
-        for _, dp in self._graph:
-            if callable(getattr(dp, "pause", None)):
-                dp.pause()
+        for dp in pausable(dp for _, dp in self._graph):
+            dp.pause()
         if request.pause_fn is not None:
             self.datapipe = request.pause_fn(self.datapipe)
         self.paused = True
@@ -475,9 +476,8 @@ class WorkerLoop:
     def _on_resume(self, request: ResumeRequest) -> None:
         if request.resume_fn is not None:
             self.datapipe = request.resume_fn(self.datapipe)
-        for _, dp in reversed(self._graph):
-            if callable(getattr(dp, "resume", None)):
-                dp.resume()
+        for dp in reversed(pausable(dp for _, dp in self._graph)):
+            dp.resume()
         self.paused = False
         self.outbox.put(ResumeResponse())
 
@@ -508,17 +508,9 @@ class WorkerLoop:
     def capture(self, include_datapipe_states: bool = True) -> WorkerSnapshot:
         """The worker's snapshot now; DataPipes with their own threads are paused around it."""
         sent, batches = self.outbox.counters()
-        pausable = (
-            [] if self.paused else [dp for _, dp in self._graph if callable(getattr(dp, "pause", None))]
-        )
-        for dp in pausable:
-            dp.pause()
-        try:
+        with paused([] if self.paused else pausable(dp for _, dp in self._graph)):
             states = capture_datapipe_states(self._graph) if include_datapipe_states else {}
             yields = datapipe_yields(self._graph)
-        finally:
-            for dp in reversed(pausable):
-                dp.resume()
         return WorkerSnapshot(
             worker_id=self.worker_info.worker_id,
             role="worker",
