@@ -83,9 +83,14 @@ class Outbox:
         """Queue a message after everything queued before it."""
         self._put(message)
 
-    def _put(self, entry: Any) -> None:
+    def check(self) -> None:
+        """Raise :class:`ParentGone` if nothing can be written any more: the parent is gone, or
+        the thread failed (after reporting why)."""
         if self.broken is not None:
             raise ParentGone from self.broken
+
+    def _put(self, entry: Any) -> None:
+        self.check()
         with self._cond:
             self._queue.append(entry)
             if len(self._queue) == 1:

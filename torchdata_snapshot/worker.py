@@ -264,8 +264,8 @@ class WorkerLoop:
                     request = self.endpoint.recv(LIVENESS_CHECK_INTERVAL_S)
                     if request is not None:
                         self._handle(request)
-                    elif self.outbox.broken is not None:
-                        return  # it reported why; nothing this loop sends can reach the parent
+                    else:
+                        self.outbox.check()  # idle: stop too if the outbox can no longer write
         except ParentGone:
             pass
         finally:
