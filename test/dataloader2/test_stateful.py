@@ -4,6 +4,7 @@ yield, and a graph loaded with a state captured after k items yields exactly the
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable, List
 
@@ -179,3 +180,28 @@ def test_the_sharding_filter_is_kept_so_that_seeding_still_finds_it() -> None:
     kinds = [type(d) for _, d in graph_datapipes(dp)]
     assert ShardingFilterIterDataPipe in kinds, "upstream's ShardingFilter stays in the graph"
     assert len(kinds) == 3, "and nothing is inserted under it"
+
+
+class CountedReads(Sequence):
+    """A sequence that records which of its items were read."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.reads: List[int] = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: Any) -> int:
+        if not isinstance(index, int) or not 0 <= index < self.n:
+            raise IndexError(index)
+        self.reads.append(index)
+        return index
+
+
+def test_a_resumed_iterable_wrapper_reads_nothing_before_its_position() -> None:
+    source = CountedReads(100_000)
+    dp = make_resumable(IterableWrapper(source, deepcopy=False))
+    dp.load_state_dict({"position": 99_990})
+    assert next(iter(dp)) == 99_990
+    assert source.reads == [99_990], "a restore at k must not walk the k items before it"
