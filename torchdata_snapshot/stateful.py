@@ -28,11 +28,18 @@ by its sources' future output plus a small state:
 
 The worker's global ``random``/``torch``/``numpy`` states are part of the captured state, so
 map functions drawing from them resume exactly too.
+
+A captured state describes the iterations in progress at that moment, and only DataPipes that
+started an iteration in the current epoch (or in the current pass of an enclosing ``cycle()``)
+are captured. Once the run moves past those iterations (a new epoch, a new pass of ``cycle()``)
+whatever was loaded into the DataPipes below is forgotten, so that they start afresh
+(``forget_loaded_states``).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import pickle
 import random
 import warnings
@@ -70,6 +77,7 @@ __all__ = [
     "STATELESS",
     "Resumable",
     "capture_graph_state",
+    "forget_loaded_states",
     "load_graph_state",
     "make_resumable",
     "register_state_functions",
@@ -82,20 +90,14 @@ _RNG_KEY = "__global_rng__"
 
 class Resumable(IterDataPipe):
     """Base of the equivalents in this module: ``state_dict()`` describes the DataPipe at a yield
-    point; a state given to ``load_state_dict()`` is used by the next iteration, once.
-
-    ``_started`` tells whether an iteration began this epoch: the state of a DataPipe that has
-    not started yet (a later source of a ``Concater``...) is not captured, so it starts afresh.
-    """
+    point; a state given to ``load_state_dict()`` is used by the next iteration, once."""
 
     _pending: Optional[Dict[str, Any]] = None
-    _started = False
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self._pending = state
 
     def _take_pending(self) -> Optional[Dict[str, Any]]:
-        self._started = True
         state, self._pending = self._pending, None
         return state
 
@@ -266,7 +268,12 @@ class ResumableHeader(Resumable):
 
 
 class ResumableCycler(Resumable):
-    """``Cycler``: its state is the cycle in progress (the source holds its own position)."""
+    """``Cycler``: its state is the cycle in progress (the source holds its own position).
+
+    A loaded state belongs to the pass in progress when it was captured: every later pass
+    iterates the source afresh, so the states loaded into the source's subgraph are forgotten
+    before it starts (see :func:`forget_loaded_states`).
+    """
 
     def __init__(self, source_datapipe: IterDataPipe, count: Optional[int]) -> None:
         self.source_datapipe = source_datapipe
@@ -276,12 +283,28 @@ class ResumableCycler(Resumable):
     def __iter__(self) -> Iterator[Any]:
         state = self._take_pending()
         self._cycle = state["cycle"] if state else 0
+        first_pass = True
         while self.count is None or self._cycle < self.count:
+            if not first_pass:
+                forget_loaded_states(self._source_subgraph())
+            first_pass = False
             yield from self.source_datapipe
             self._cycle += 1
 
+    def _source_subgraph(self) -> List[DataPipe]:
+        # Kept outside the instance, so that graph traversal (which pickles DataPipes) does not
+        # take the cached DataPipes for parents; the adapted graph does not change afterwards.
+        subgraph = _SUBGRAPHS.get(self)
+        if subgraph is None:
+            subgraph = _SUBGRAPHS[self] = [dp for _, dp in graph_datapipes(self.source_datapipe)]
+        return subgraph
+
     def state_dict(self) -> Dict[str, Any]:
         return {"cycle": self._cycle}
+
+
+#: ``ResumableCycler`` -> the DataPipes of its source's subgraph (looked up once).
+_SUBGRAPHS: weakref.WeakKeyDictionary[ResumableCycler, List[DataPipe]] = weakref.WeakKeyDictionary()
 
 
 class ResumableConcater(Resumable):
@@ -396,6 +419,7 @@ def _sharding_load(sf: ShardingFilterIterDataPipe, state: Dict[str, Any]) -> Non
 
 
 def _sharding_reset(sf: ShardingFilterIterDataPipe) -> None:
+    """Back to the original ``instance_id``, for an iteration that starts afresh."""
     if sf in _SHIFTED:
         sf.instance_id = _SHIFTED.pop(sf)[0]
 
@@ -487,8 +511,8 @@ def capture_graph_state(graph: List[Tuple[str, DataPipe]]) -> bytes:
     """
     states: Dict[str, Any] = {_RNG_KEY: capture_global_rng()}
     for key, dp in graph:
-        if isinstance(dp, Resumable) and not dp._started:
-            continue  # not started this epoch: it will start afresh after a restore too
+        if not _started_since_forgotten(dp):
+            continue  # not started in this epoch (or pass): it will start afresh after a restore too
         functions = _STATE_FUNCTIONS.get(type(dp))
         try:
             if functions is not None:
@@ -527,11 +551,44 @@ def load_graph_state(graph: List[Tuple[str, DataPipe]], blob: bytes) -> None:
     install_global_rng(states[_RNG_KEY])
 
 
-def reset_graph_state(graph: List[Tuple[str, DataPipe]]) -> None:
-    """A new epoch: forget states loaded but not consumed, put sharding filters back in place."""
-    for _, dp in graph:
+def forget_loaded_states(datapipes: Iterable[DataPipe]) -> None:
+    """The next iteration of each of ``datapipes`` starts afresh, not from a loaded state.
+
+    A state captured after an item describes the iterations in progress at that moment; once
+    the run moves past them (a new epoch, a new pass of ``cycle()`` over the subgraph), a state
+    loaded but not consumed yet (a source of ``zip`` that was never advanced again) or already
+    applied (a sharding filter's shifted ``instance_id``) must not carry into the next
+    iteration, and DataPipes that have not started again are no longer captured.
+    """
+    for dp in datapipes:
+        key = id(dp)
+        _FORGOTTEN[key] = (weakref.ref(dp, functools.partial(_forget_entry, key)), _iterator_id(dp))
         if isinstance(dp, Resumable):
             dp._pending = None
-            dp._started = False
         if type(dp) is ShardingFilterIterDataPipe:
             _sharding_reset(dp)
+
+
+#: ``id(dp)`` -> ``(weakref to dp, dp's iterator id when its states were last forgotten)``. Torch
+#: numbers a DataPipe's iterators as they start (``_valid_iterator_id``), so a DataPipe whose
+#: number has not moved since has not started again: its state is not captured. Keyed by id, as
+#: DataPipes need not be hashable.
+_FORGOTTEN: Dict[int, Tuple[Any, Optional[int]]] = {}
+
+
+def _iterator_id(dp: DataPipe) -> Optional[int]:
+    return getattr(dp, "_valid_iterator_id", None)
+
+
+def _forget_entry(key: int, _: Any) -> None:
+    _FORGOTTEN.pop(key, None)
+
+
+def _started_since_forgotten(dp: DataPipe) -> bool:
+    entry = _FORGOTTEN.get(id(dp))
+    return entry is None or entry[0]() is not dp or _iterator_id(dp) != entry[1]
+
+
+def reset_graph_state(graph: List[Tuple[str, DataPipe]]) -> None:
+    """A new epoch: every DataPipe of the graph starts afresh (see :func:`forget_loaded_states`)."""
+    forget_loaded_states(dp for _, dp in graph)

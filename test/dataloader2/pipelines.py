@@ -148,6 +148,11 @@ def _random_delays(n: int) -> IterDataPipe:
     return IterableWrapper(range(n)).shuffle().sharding_filter().map(random_delay).map(with_global_randomness)
 
 
+@_register("sharding_under_cycle")
+def _sharding_under_cycle(n: int) -> IterDataPipe:
+    return IterableWrapper(range(n)).sharding_filter().cycle(2).map(double)
+
+
 @_register("non_replicable_tail")
 def _tail(n: int) -> IterDataPipe:
     return NonReplicable(IterableWrapper(range(n)).shuffle().sharding_filter().map(double)).map(double)

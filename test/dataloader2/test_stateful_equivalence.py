@@ -1,0 +1,208 @@
+"""Every resumable DataPipe, alone and in compositions, restored from a captured state at any
+position, continues exactly as the uninterrupted run: item by item, to the end of the epoch and
+through the next one. This is what a worker does on a stateful restore (see the docs' design
+page), run in this process so that hypothesis can try many positions and shardings.
+
+``COMPOSITIONS`` must use every DataPipe type the stateful registry knows (its adapters, the
+types it treats as stateless, the sharding filter and registered state functions): a type
+cannot be made resumable without being covered here (``test_every_registered_datapipe_is_covered``).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Tuple
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pipelines import CountingStateful, double, not_multiple_of_3, split
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
+from torchdata.dataloader2.graph import set_graph_random_seed
+from torchdata.dataloader2.random import SeedGenerator
+from torchdata.datapipes.iter import FileLister, IterableWrapper, IterDataPipe
+
+from torchdata_snapshot.snapshot import graph_datapipes
+from torchdata_snapshot.stateful import (
+    _STATE_FUNCTIONS,
+    ADAPTERS,
+    STATELESS,
+    capture_graph_state,
+    load_graph_state,
+    make_resumable,
+    reset_graph_state,
+    unresumable_datapipe,
+)
+
+Build = Callable[[], IterDataPipe]
+
+
+def noisy(x: Any) -> Any:
+    return (x, random.random(), int(torch.randint(0, 1000, ())))
+
+
+def total(batch: List[int]) -> int:
+    return sum(batch)
+
+
+def basename(path: str) -> str:
+    return Path(path).name
+
+
+def _files(root: Path) -> List[str]:
+    roots = []
+    for d in ("a", "b", "c"):
+        (root / d).mkdir(exist_ok=True)
+        for i in range(5):
+            (root / d / f"{i}.txt").write_text(str(i))
+        roots.append(str(root / d))
+    return roots
+
+
+def _compositions(file_roots: List[str]) -> Dict[str, Build]:
+    def iw(*args: int) -> IterDataPipe:
+        return IterableWrapper(range(*args))
+
+    return {
+        # the sharding filter under a re-iterating DataPipe (a loaded position is for one pass)
+        "sharding_under_cycle": lambda: iw(40).sharding_filter().cycle(2),
+        "cycle_before_sharding": lambda: iw(23).cycle(2).sharding_filter(),
+        "shuffle_sharding_cycle": lambda: iw(30).shuffle(buffer_size=7).sharding_filter().cycle(3),
+        "cycle_of_cycles": lambda: iw(5).cycle(2).sharding_filter().cycle(2),
+        "header_over_endless_cycle": lambda: iw(7).shuffle().cycle().sharding_filter().header(30),
+        # one-to-many and many-to-one after the sharding point
+        "shuffle_then_batch": lambda: iw(50).sharding_filter().shuffle(buffer_size=5).batch(3),
+        "batch_then_unbatch": lambda: iw(41).sharding_filter().batch(4).unbatch(),
+        "unbatch_all_levels": lambda: (
+            IterableWrapper([[[1, 2], [3]], [[4]], [[5, 6, 7]]] * 4).sharding_filter().unbatch(-1)
+        ),
+        "flatmap_then_header": lambda: iw(30).sharding_filter().flatmap(split).header(25),
+        "collate_batches": lambda: iw(31).sharding_filter().batch(4, drop_last=True).collate(total),
+        "filter_and_map": lambda: iw(60).sharding_filter().filter(not_multiple_of_3).map(double),
+        "header_under_cycle": lambda: iw(30).sharding_filter().header(7).cycle(3),
+        # several sources: concat, zip and mux, alone and under cycle
+        "concat_under_cycle": lambda: iw(5).concat(iw(10, 18)).sharding_filter().cycle(2),
+        "sharded_concat_under_cycle": lambda: iw(12).sharding_filter().concat(iw(100, 109)).cycle(2),
+        "zip_under_cycle": lambda: iw(20).sharding_filter().zip(iw(100, 107)).cycle(2),
+        "batch_inside_zip": lambda: iw(30).batch(3).zip(iw(10)).sharding_filter(),
+        "mux_under_cycle": lambda: iw(9).mux(iw(100, 120)).sharding_filter().cycle(2),
+        "mux_of_shuffles": lambda: iw(20).shuffle().mux(iw(100, 113).shuffle()).sharding_filter(),
+        # global RNGs drawn by a map function, and a DataPipe with its own state methods
+        "global_rng": lambda: iw(30).shuffle(buffer_size=4).sharding_filter().map(noisy),
+        "own_state_methods": lambda: CountingStateful(30).sharding_filter().map(double),
+        "files": lambda: FileLister(file_roots, masks="*.txt").sharding_filter().map(basename).cycle(2),
+    }
+
+
+@pytest.fixture(scope="module")
+def compositions(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Build]:
+    return _compositions(_files(tmp_path_factory.mktemp("files")))
+
+
+def worker_graph(build: Build, num_instances: int, instance_id: int, adapt: bool = True) -> IterDataPipe:
+    """The graph a worker runs: sharded for worker ``instance_id``, then made resumable."""
+    dp = build()
+    torch.utils.data.graph_settings.apply_sharding(
+        dp, num_instances, instance_id, SHARDING_PRIORITIES.MULTIPROCESSING
+    )
+    return make_resumable(dp) if adapt else dp
+
+
+def start_epoch(dp: IterDataPipe, epoch: int) -> Iterator[Any]:
+    """Seed the graph for ``epoch`` as a worker does (graph seeds, then its global RNGs) and make
+    its iterator."""
+    reset_graph_state(graph_datapipes(dp))
+    set_graph_random_seed(dp, SeedGenerator(epoch))
+    random.seed(epoch)
+    torch.manual_seed(epoch)
+    return iter(dp)
+
+
+def run_epochs(dp: IterDataPipe, count: int) -> List[List[Any]]:
+    return [list(start_epoch(dp, epoch)) for epoch in range(count)]
+
+
+def restored(build: Build, sharding: Tuple[int, int], epoch: int, blob: bytes) -> Tuple[IterDataPipe, Any]:
+    """A new graph brought to ``blob`` the way a worker's restore does: reset to the epoch (an
+    iterator is made and never advanced), load the state, iterate afresh."""
+    dp = worker_graph(build, *sharding)
+    start_epoch(dp, epoch)
+    random.seed(12345)  # whatever the global RNGs hold: the state brings the pipeline's back
+    torch.manual_seed(12345)
+    load_graph_state(graph_datapipes(dp), blob)
+    return dp, iter(dp)
+
+
+def check_restore_at(build: Build, sharding: Tuple[int, int], epoch: int, positions: List[int]) -> None:
+    """Capture at every position of ``positions`` in ``epoch``; each restore yields exactly the
+    rest of the epoch, then the next epoch."""
+    reference = run_epochs(worker_graph(build, *sharding), epoch + 2)
+    dp = worker_graph(build, *sharding)
+    for e in range(epoch):
+        list(start_epoch(dp, e))
+    it = start_epoch(dp, epoch)
+    blobs: List[Tuple[int, bytes]] = []
+    head: List[Any] = []
+    for k in sorted(positions):
+        head.extend(next(it) for _ in range(k - len(head)))
+        blobs.append((k, capture_graph_state(graph_datapipes(dp))))
+    assert head + list(it) == reference[epoch], "capturing states changed the data"
+    for k, blob in blobs:
+        again, rest = restored(build, sharding, epoch, blob)
+        assert list(rest) == reference[epoch][k:], f"the rest of epoch {epoch} after item {k}"
+        assert list(start_epoch(again, epoch + 1)) == reference[epoch + 1], "the next epoch"
+
+
+def test_every_registered_datapipe_is_covered(compositions: Dict[str, Build]) -> None:
+    covered = {type(dp) for build in compositions.values() for _, dp in graph_datapipes(build())}
+    registered = set(ADAPTERS) | set(STATELESS) | set(_STATE_FUNCTIONS) | {ShardingFilterIterDataPipe}
+    missing = sorted(kind.__name__ for kind in registered - covered)
+    assert not missing, f"resumable DataPipes without an equivalence test: {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(_compositions([])))
+def test_each_composition_is_resumable_and_yields_what_upstream_yields(
+    compositions: Dict[str, Build], name: str
+) -> None:
+    build = compositions[name]
+    for sharding in [(1, 0), (3, 1)]:
+        assert unresumable_datapipe(worker_graph(build, *sharding, adapt=False)) is None
+        adapted = run_epochs(worker_graph(build, *sharding), 3)
+        assert adapted == run_epochs(worker_graph(build, *sharding, adapt=False), 3), sharding
+
+
+@pytest.mark.parametrize("name", sorted(_compositions([])))
+def test_each_composition_restores_exactly_at_its_start_middle_and_end(
+    compositions: Dict[str, Build], name: str
+) -> None:
+    build = compositions[name]
+    for sharding in [(1, 0), (2, 0), (3, 2)]:
+        length = len(run_epochs(worker_graph(build, *sharding), 2)[1])
+        check_restore_at(build, sharding, 1, [0, 1, length // 2, max(0, length - 1), length])
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    name=st.sampled_from(sorted(_compositions([]))),
+    num_instances=st.integers(min_value=1, max_value=3),
+    epoch=st.integers(min_value=0, max_value=1),
+    data=st.data(),
+)
+def test_any_composition_restores_exactly_at_random_positions(
+    compositions: Dict[str, Build], name: str, num_instances: int, epoch: int, data: st.DataObject
+) -> None:
+    build = compositions[name]
+    instance_id = data.draw(st.integers(min_value=0, max_value=num_instances - 1), label="instance_id")
+    sharding = (num_instances, instance_id)
+    length = len(run_epochs(worker_graph(build, *sharding), epoch + 1)[epoch])
+    positions = data.draw(
+        st.lists(st.integers(min_value=0, max_value=length), min_size=1, max_size=3, unique=True),
+        label="positions",
+    )
+    check_restore_at(build, sharding, epoch, positions)
