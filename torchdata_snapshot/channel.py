@@ -18,6 +18,8 @@ that serves them.
 from __future__ import annotations
 
 import io
+import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import signal
@@ -37,6 +39,7 @@ __all__ = [
     "ItemDecoder",
     "ItemEncoder",
     "ParentGone",
+    "ParentWatch",
     "describe_exit",
     "make_pipe_pair",
 ]
@@ -76,8 +79,6 @@ def make_pipe_pair(ctx: Any = None) -> Tuple[Channel, Endpoint, Tuple[Connection
     the parent must close ``child_ends`` so that the child's death is seen as end-of-file.
     With ``ctx=None`` plain ``multiprocessing.Pipe`` is used (in-process tests).
     """
-    import multiprocessing
-
     pipe = (ctx or multiprocessing).Pipe
     request_reader, request_writer = pipe(duplex=False)
     response_reader, response_writer = pipe(duplex=False)
@@ -255,17 +256,42 @@ class Channel:
         _close_quietly(self.request_conn, self.response_conn)
 
 
+class ParentWatch:
+    """Tells, inside a child process, whether the process that started it is still alive.
+
+    With ``fork`` and ``spawn`` that process is the child's parent: once it dies the child is
+    adopted and ``os.getppid()`` changes. A ``forkserver`` child's parent is the fork server,
+    which outlives the training process; there the child watches the sentinel multiprocessing
+    gives it instead (a pipe the starting process holds open: end-of-file once it is gone).
+    The start method is told apart once, at start-up, by who the parent is.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._sentinel: Optional[int] = None
+        if os.getppid() != pid:
+            parent = multiprocessing.parent_process()
+            if parent is not None and parent.pid == pid:
+                self._sentinel = parent.sentinel
+
+    def alive(self) -> bool:
+        if self._sentinel is not None:
+            return not multiprocessing.connection.wait([self._sentinel], timeout=0)
+        return os.getppid() == self.pid
+
+
 class Endpoint:
     """The serving side of a pipe pair: ``recv`` requests, ``send`` responses.
 
-    ``parent_pid`` is checked whenever a wait times out: if the parent is gone (a killed
-    training job), :class:`ParentGone` is raised and the loop exits instead of lingering.
+    ``parent`` (a :class:`ParentWatch`) is checked whenever a wait times out: if the process
+    that started this one is gone (a killed training job), :class:`ParentGone` is raised and the
+    loop exits instead of lingering.
     """
 
     def __init__(self, request_conn: Connection, response_conn: Connection) -> None:
         self.request_conn = request_conn
         self.response_conn = response_conn
-        self.parent_pid: Optional[int] = None
+        self.parent: Optional[ParentWatch] = None
 
     def fileno(self) -> int:
         return self.request_conn.fileno()
@@ -287,7 +313,7 @@ class Endpoint:
         return None
 
     def check_parent(self) -> None:
-        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+        if self.parent is not None and not self.parent.alive():
             raise ParentGone
 
     def send(self, response: Any) -> None:
@@ -302,6 +328,4 @@ class Endpoint:
 
 def wait_any(channels: Sequence[Any], timeout_s: Optional[float]) -> List[Any]:
     """The channels (or endpoints) among ``channels`` that have a message ready."""
-    from multiprocessing.connection import wait
-
-    return list(wait(list(channels), timeout_s))
+    return list(multiprocessing.connection.wait(list(channels), timeout_s))

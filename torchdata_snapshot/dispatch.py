@@ -38,6 +38,7 @@ from torchdata_snapshot.channel import (
     ItemDecoder,
     ItemEncoder,
     ParentGone,
+    ParentWatch,
     wait_any,
 )
 from torchdata_snapshot.errors import ProtocolError, ReadingServiceError
@@ -336,9 +337,10 @@ def run_dispatcher(
 ) -> None:
     """Entry point of the dispatching process."""
     torch.set_num_threads(1)
-    control.parent_pid = parent_pid
+    parent = ParentWatch(parent_pid)
+    control.parent = parent
     for endpoint in workers:
-        endpoint.parent_pid = parent_pid
+        endpoint.parent = parent
     loop = DispatcherLoop(
         extract_wrapper(datapipe), control, workers, batching=batching, custom_reset_fn=custom_reset_fn
     )

@@ -87,7 +87,8 @@ Liveness and shutdown
 ---------------------
 Every blocking wait has a timeout (``LIVENESS_CHECK_INTERVAL_S``) after which the waiter checks
 the other side: the main process checks the worker's exit code (and raises naming worker id, pid
-and exit code), a worker checks that its parent is still its parent. The main process closes its
+and exit code), a worker checks that the training process still exists (its parent, or under
+``forkserver`` the sentinel multiprocessing hands it; see ``ParentWatch``). The main process closes its
 copies of the workers' pipe ends, so a dead worker is also seen at once as end-of-file. Shutdown
 sends ``TerminateRequest``, reads until ``TerminateResponse`` (bounded), joins with a timeout and
 kills what is left; it is idempotent.
@@ -110,7 +111,14 @@ from torchdata.dataloader2.utils import WorkerInfo
 from torchdata.dataloader2.utils.dispatch import _DummyIterDataPipe, find_non_dispatching_branches
 from torchdata.dataloader2.utils.worker import process_reset_fn
 
-from torchdata_snapshot.channel import LIVENESS_CHECK_INTERVAL_S, Channel, Endpoint, ItemEncoder, ParentGone
+from torchdata_snapshot.channel import (
+    LIVENESS_CHECK_INTERVAL_S,
+    Channel,
+    Endpoint,
+    ItemEncoder,
+    ParentGone,
+    ParentWatch,
+)
 from torchdata_snapshot.digest import item_digest
 from torchdata_snapshot.dispatch import DispatchedSource, find_dispatched_sources
 from torchdata_snapshot.errors import ProtocolError, ReplayDivergenceError, StateCaptureError
@@ -604,7 +612,7 @@ def run_worker(
 ) -> None:
     """Entry point of a worker process."""
     torch.set_num_threads(1)
-    endpoint.parent_pid = parent_pid
+    endpoint.parent = ParentWatch(parent_pid)
     if dispatcher_link is not None:
         dispatcher_link.bind("dispatching process", watch=endpoint.check_parent, pid=dispatcher_pid)
     init_error = None

@@ -9,7 +9,14 @@ import time
 import pytest
 import torch
 
-from torchdata_snapshot.channel import ItemDecoder, ItemEncoder, ParentGone, describe_exit, make_pipe_pair
+from torchdata_snapshot.channel import (
+    ItemDecoder,
+    ItemEncoder,
+    ParentGone,
+    ParentWatch,
+    describe_exit,
+    make_pipe_pair,
+)
 from torchdata_snapshot.errors import WorkerDiedError, WorkerTimeoutError
 
 FORK = multiprocessing.get_context("fork")
@@ -142,9 +149,8 @@ def test_the_serving_side_notices_its_parent_is_gone() -> None:
     channel.close()
     with pytest.raises(ParentGone):
         endpoint.recv(timeout_s=1)
-    endpoint.parent_pid = -1  # not our parent: as if the parent had died and we were adopted
     channel2, endpoint2, _ = make_pipe_pair()
-    endpoint2.parent_pid = -1
+    endpoint2.parent = ParentWatch(-1)  # not our parent: as if the parent had died and we were adopted
     with pytest.raises(ParentGone):
         endpoint2.recv(timeout_s=0.01)
     channel2.close()

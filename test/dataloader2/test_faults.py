@@ -131,7 +131,7 @@ warnings.filterwarnings("ignore")
 sys.path.insert(0, {path!r})
 from pipelines import pipeline, rs
 from torchdata.dataloader2 import DataLoader2
-dl = DataLoader2(pipeline("dispatch", 10000), reading_service=rs(2))
+dl = DataLoader2(pipeline("dispatch", 10000), reading_service=rs(2, multiprocessing_context={context!r}))
 it = iter(dl)
 next(it)
 pids = [s.pid for s in dl.reading_service.snapshot()]
@@ -140,8 +140,10 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def test_a_killed_training_process_leaves_no_orphans() -> None:
-    script = _ORPHAN_SCRIPT.format(path=str(Path(__file__).parent))
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_a_killed_training_process_leaves_no_orphans(context: str) -> None:
+    # With forkserver the workers' parent is the fork server, which outlives the training process.
+    script = _ORPHAN_SCRIPT.format(path=str(Path(__file__).parent), context=context)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == -signal.SIGKILL, done.stderr
     pids = [int(p) for p in done.stdout.split()]

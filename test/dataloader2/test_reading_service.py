@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from functools import partial
 from typing import Any, List, Optional
 
@@ -349,4 +350,26 @@ def test_pause_and_limit_with_a_dispatching_process(make_dl: Any) -> None:
     assert_consistent_cut(snaps, 2, delivered=3)
     it.limit(None)
     it.resume()
+    assert got + list(it) == reference
+
+
+# --- idle periods: a slow training step never looks like a dead parent ------------------------
+
+
+@pytest.mark.parametrize("shape", ["shuffle_before_sharding", "dispatch"])
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_workers_outlive_idle_periods_longer_than_every_liveness_interval(
+    make_dl: Any, context: str, shape: str
+) -> None:
+    """A worker that receives no request for a while checks that the training process still
+    exists; under forkserver its parent is the fork server, not the training process."""
+    from torchdata_snapshot.channel import LIVENESS_CHECK_INTERVAL_S
+
+    idle_s = 2.5 * LIVENESS_CHECK_INTERVAL_S  # the slow training step of this test
+    reference = list(make_dl(pipeline(shape, 60), rs(2)))
+    dl = make_dl(pipeline(shape, 60), rs(2, multiprocessing_context=context))
+    it = iter(dl)
+    time.sleep(idle_s)  # between iter() and the first item
+    got = take(it, 3)
+    time.sleep(idle_s)  # a slow step in the middle of the epoch
     assert got + list(it) == reference
