@@ -3,8 +3,8 @@
 ``MultiProcessingReadingService.checkpoint()`` returns a ``dict`` of ints, strings, bools, bytes,
 lists and dicts only (no pickled object of ours), so that it survives ``torch.save``/``torch.load``
 (also with ``weights_only=True``) and ``pickle``, and validating it runs no code. Its size does
-not grow with the position in the epoch: it holds counters, seeds, digests and, with stateful
-restore, one graph state per worker (``bytes``: the pickled states of its DataPipes, which hold
+not grow with the position in the epoch: it holds counters, seeds, running digests and, with
+stateful restore, one graph state per worker (``bytes``: the pickled states of its DataPipes, which hold
 data only where the DataPipe does, e.g. a shuffle buffer). Those bytes are unpickled by the
 worker on restore, as the serialized pipeline ``DataLoader2.state_dict()`` stores beside this
 state is unpickled by ``DataLoader2``: a checkpoint is as trusted as that pickle.
@@ -21,12 +21,18 @@ Keys (``Checkpoint.to_plain()``)::
     delivered     items the user received in this epoch
     replay_in_main  true when the main process replays ``delivered`` items itself (num_workers=0,
                   or a main-process tail that is not one-to-one); the workers then restart at 0
-    mark          [position, digest] of an item the user received (main-process replay), or None
+    digest        running digest (16 hex digits, see ``torchdata_snapshot.digest``) of the
+                  ``delivered`` items (main-process replay), or None
     workers       per worker: {"delivered": items of its stream the user received,
-                               "mark": [position, digest] of one of them, or None,
-                               "state": [position, bytes] its graph state after that item, or None}
+                               "digest": the stream's running digest after them, or None,
+                               "state": its graph state after an earlier item, or None:
+                                        {"position": that item (1 <= position < delivered),
+                                         "blob": bytes, "digest": running digest there, or None}}
     next_worker   the worker the round-robin asks next
     checksum      digest of all the above; any change to the state is detected
+
+Digests are ``None`` where replay verification was off, or nothing was delivered. Version 1
+(marks: the digest of one item per message) is read and upgraded, without digests.
 """
 
 from __future__ import annotations
@@ -48,21 +54,18 @@ __all__ = [
     "FORMAT_VERSION",
     "Checkpoint",
     "GraphState",
-    "Mark",
     "WorkerPosition",
     "graph_fingerprint",
 ]
 
 FORMAT = "torchdata_snapshot.MultiProcessingReadingService"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 STATUSES = ("idle", "in_epoch", "finished")
 
-#: ``(position, digest)``: the ``position``-th item (1-based) of a stream had this digest.
-Mark = Tuple[int, str]
-
-#: ``(position, blob)``: the pickled state of a worker's graph right after its ``position``-th item.
-GraphState = Tuple[int, bytes]
+#: ``(position, blob, digest)``: the pickled state of a worker's graph right after its
+#: ``position``-th item, and the stream's running digest there (``None`` if unknown).
+GraphState = Tuple[int, bytes, Optional[str]]
 
 _DIGEST = re.compile(r"^[0-9a-f]{16}$")
 _KEYS = (
@@ -75,20 +78,26 @@ _KEYS = (
     "seed",
     "delivered",
     "replay_in_main",
-    "mark",
+    "digest",
     "workers",
     "next_worker",
     "checksum",
 )
 
+#: The top-level keys of each format version this module reads (older ones are upgraded).
+_READABLE_KEYS = {
+    1: tuple("mark" if key == "digest" else key for key in _KEYS),
+    FORMAT_VERSION: _KEYS,
+}
+
 
 @dataclass(frozen=True)
 class WorkerPosition:
-    """How far the user got into one worker's stream: ``delivered`` items, one of them ``mark``ed,
-    and the latest captured ``state`` of the worker's graph at or before that position."""
+    """How far the user got into one worker's stream: ``delivered`` items, the stream's running
+    ``digest`` after them, and the latest captured ``state`` of the worker's graph before them."""
 
     delivered: int = 0
-    mark: Optional[Mark] = None
+    digest: Optional[str] = None
     state: Optional[GraphState] = None
 
 
@@ -103,7 +112,7 @@ class Checkpoint:
     seed: Optional[Dict[str, Any]] = None
     delivered: int = 0
     replay_in_main: bool = False
-    mark: Optional[Mark] = None
+    digest: Optional[str] = None
     workers: Tuple[WorkerPosition, ...] = field(default_factory=tuple)
     next_worker: int = 0
 
@@ -118,12 +127,14 @@ class Checkpoint:
             "seed": self.seed,
             "delivered": self.delivered,
             "replay_in_main": self.replay_in_main,
-            "mark": None if self.mark is None else list(self.mark),
+            "digest": self.digest,
             "workers": [
                 {
                     "delivered": w.delivered,
-                    "mark": None if w.mark is None else list(w.mark),
-                    "state": None if w.state is None else {"position": w.state[0], "blob": w.state[1]},
+                    "digest": w.digest,
+                    "state": None
+                    if w.state is None
+                    else {"position": w.state[0], "blob": w.state[1], "digest": w.state[2]},
                 }
                 for w in self.workers
             ],
@@ -150,36 +161,39 @@ class Checkpoint:
                 f"not a torchdata_snapshot checkpoint: format is {state.get('format')!r}, expected {FORMAT!r}"
             )
         version = state.get("version")
-        if version != FORMAT_VERSION:
+        if version not in _READABLE_KEYS:
             raise InvalidCheckpointError(
-                f"the checkpoint has format version {version!r}; this torchdata_snapshot reads version "
-                f"{FORMAT_VERSION} only"
+                f"the checkpoint has format version {version!r}; this torchdata_snapshot reads versions "
+                f"{', '.join(map(str, sorted(_READABLE_KEYS)))}"
             )
-        missing = [key for key in _KEYS if key not in state]
+        keys = _READABLE_KEYS[version]
+        missing = [key for key in keys if key not in state]
         if missing:
             raise InvalidCheckpointError(f"the checkpoint is truncated: missing {', '.join(missing)}")
-        extra = sorted(set(state) - set(_KEYS))
+        extra = sorted(set(state) - set(keys), key=str)
         if extra:
             raise InvalidCheckpointError(f"the checkpoint has unknown fields: {', '.join(map(str, extra))}")
         if state["checksum"] != _checksum(state):
             raise InvalidCheckpointError(
                 "the checkpoint's checksum does not match its content: it was modified or corrupted"
             )
+        if version == 1:
+            state = _upgrade_from_v1(state)
         num_workers = _count(state, "num_workers")
         workers = state["workers"]
         if not isinstance(workers, list) or len(workers) != num_workers:
             raise InvalidCheckpointError(f"'workers' must list {num_workers} positions, got {workers!r}")
         positions = []
         for i, w in enumerate(workers):
-            if not isinstance(w, dict) or set(w) != {"delivered", "mark", "state"}:
+            if not isinstance(w, dict) or set(w) != {"delivered", "digest", "state"}:
                 raise InvalidCheckpointError(
-                    f"workers[{i}] must have 'delivered', 'mark' and 'state', got {w!r}"
+                    f"workers[{i}] must have 'delivered', 'digest' and 'state', got {w!r}"
                 )
             delivered = _count(w, "delivered", f"workers[{i}]")
             graph_state = _graph_state(w["state"], f"workers[{i}]")
             if graph_state is not None and graph_state[0] > delivered:
                 raise InvalidCheckpointError(f"the state of workers[{i}] is ahead of what the user received")
-            positions.append(WorkerPosition(delivered, _mark(w["mark"], f"workers[{i}]"), graph_state))
+            positions.append(WorkerPosition(delivered, _digest(w["digest"], f"workers[{i}]"), graph_state))
         status = state["status"]
         if status not in STATUSES:
             raise InvalidCheckpointError(f"'status' must be one of {STATUSES}, got {status!r}")
@@ -206,7 +220,7 @@ class Checkpoint:
             seed=seed,
             delivered=_count(state, "delivered"),
             replay_in_main=state["replay_in_main"],
-            mark=_mark(state["mark"], "the state"),
+            digest=_digest(state["digest"], "the state"),
             workers=tuple(positions),
             next_worker=next_worker,
         )
@@ -237,21 +251,12 @@ def _count(state: Dict[str, Any], key: str, where: str = "the state") -> int:
     return value
 
 
-def _mark(value: Any, where: str) -> Optional[Mark]:
+def _digest(value: Any, where: str) -> Optional[str]:
     if value is None:
         return None
-    if (
-        not isinstance(value, (list, tuple))
-        or len(value) != 2
-        or not _is_int(value[0])
-        or value[0] < 1
-        or not isinstance(value[1], str)
-        or not _DIGEST.match(value[1])
-    ):
-        raise InvalidCheckpointError(
-            f"the mark of {where} must be [position >= 1, 16 hex digits], got {value!r}"
-        )
-    return (value[0], value[1])
+    if not isinstance(value, str) or not _DIGEST.match(value):
+        raise InvalidCheckpointError(f"the digest of {where} must be 16 hex digits or None, got {value!r}")
+    return value
 
 
 def _graph_state(value: Any, where: str) -> Optional[GraphState]:
@@ -259,13 +264,37 @@ def _graph_state(value: Any, where: str) -> Optional[GraphState]:
         return None
     if (
         not isinstance(value, dict)
-        or set(value) != {"position", "blob"}
+        or set(value) != {"position", "blob", "digest"}
         or not _is_int(value["position"])
         or value["position"] < 1
         or not isinstance(value["blob"], bytes)
     ):
-        raise InvalidCheckpointError(f"the state of {where} must be {{'position': int >= 1, 'blob': bytes}}")
-    return (value["position"], value["blob"])
+        raise InvalidCheckpointError(
+            f"the state of {where} must be {{'position': int >= 1, 'blob': bytes, 'digest': str or None}}"
+        )
+    return (value["position"], value["blob"], _digest(value["digest"], f"the state of {where}"))
+
+
+def _upgrade_from_v1(state: Dict[str, Any]) -> Dict[str, Any]:
+    """A version-1 state in version 2's schema. Version 1 recorded the digest of one item per
+    message (marks), which version 2's running digests cannot use: the upgraded state has no
+    digests, and its restore is not verified."""
+    upgraded = {key: value for key, value in state.items() if key != "mark"}
+    upgraded["version"] = FORMAT_VERSION
+    upgraded["digest"] = None
+    workers = state["workers"]
+    if isinstance(workers, list):
+        upgraded["workers"] = [_upgrade_worker_from_v1(w) for w in workers]
+    return upgraded
+
+
+def _upgrade_worker_from_v1(worker: Any) -> Any:
+    if not isinstance(worker, dict) or set(worker) != {"delivered", "mark", "state"}:
+        return worker  # refused by the v2 schema check, naming the worker
+    graph_state = worker["state"]
+    if isinstance(graph_state, dict):
+        graph_state = {**graph_state, "digest": None}
+    return {"delivered": worker["delivered"], "digest": None, "state": graph_state}
 
 
 def _checksum(state: Dict[str, Any]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from array import array
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Type
 
@@ -18,7 +19,8 @@ from torchdata._utils import ExceptionWrapper
 from torchdata.dataloader2.graph import DataPipe
 
 from torchdata_snapshot.channel import Channel, ItemDecoder
-from torchdata_snapshot.checkpoint import GraphState, Mark, WorkerPosition
+from torchdata_snapshot.checkpoint import GraphState, WorkerPosition
+from torchdata_snapshot.digest import chain_hex, parse_chain_hex
 from torchdata_snapshot.errors import (
     ProtocolError,
     ReadingServiceClosedError,
@@ -61,6 +63,14 @@ CONTROL_TIMEOUT_S = 120.0
 TERMINATE_LOCK_WAIT_S = 1.0
 
 
+#: Bytes of one running digest in ``ItemsResponse.digests``.
+_DIGEST_SIZE = array("Q").itemsize
+
+
+def _pack_digest(digest: str) -> bytes:
+    return array("Q", [parse_chain_hex(digest)]).tobytes()
+
+
 def credit_window(num_workers: int, worker_prefetch_cnt: int, main_prefetch_cnt: int) -> int:
     """Items that may be outstanding per worker: its own prefetch, its share of the main
     process's prefetch, and the one item being asked for."""
@@ -69,11 +79,12 @@ def credit_window(num_workers: int, worker_prefetch_cnt: int, main_prefetch_cnt:
 
 def _replay_request(epoch: int, position: WorkerPosition) -> ReplayRequest:
     """Bring a freshly reset worker to ``position``: from its recorded graph state when there is
-    one (stateful restore), else from the epoch's start; the mark is checked if it falls in the
-    replayed stretch."""
-    start = 0 if position.state is None else position.state[0]
-    mark = position.mark if position.mark is not None and position.mark[0] > start else None
-    return ReplayRequest(epoch, position.delivered - start, mark, position.state)
+    one (stateful restore), else from the epoch's start; the running digest of the replayed
+    items is checked against the recorded one."""
+    if position.state is None:
+        return ReplayRequest(epoch, position.delivered, position.digest)
+    start, blob, state_digest = position.state
+    return ReplayRequest(epoch, position.delivered - start, position.digest, (start, blob), state_digest)
 
 
 class _Healed(Exception):
@@ -131,11 +142,11 @@ class WorkerConsumer(IterDataPipe):
         self.granted = [0] * self.num_workers
         self.exhausted = [True] * self.num_workers  # nothing to read before the first epoch
         self.next_worker = 0
-        # Replay verification: the marks (position, digest) of each worker's batches not yet
-        # behind the user's position, and the latest one at or behind it.
-        self.marks: List[Deque[Mark]] = [deque() for _ in self.channels]
-        self.best_marks: List[Optional[Mark]] = [None] * self.num_workers
-        # Stateful restore: the graph states workers capture every few items, kept like marks.
+        # Replay verification: each worker's running digests, per received batch
+        # (first position, packed digests), from the batch holding the kept position on.
+        self.digests: List[Deque[Tuple[int, bytes]]] = [deque() for _ in self.channels]
+        # Stateful restore: the graph states workers capture every few items, from the latest
+        # one strictly behind the kept position on (see `position_state`).
         self.states: List[Deque[GraphState]] = [deque() for _ in self.channels]
         self.best_states: List[Optional[GraphState]] = [None] * self.num_workers
         # Set by the reading service when the user's position in each stream is tracked:
@@ -241,10 +252,10 @@ class WorkerConsumer(IterDataPipe):
         if isinstance(response, ItemsResponse):
             if response.epoch == self.epoch:
                 self.buffers[worker_id].extend(items)
+                if response.digests is not None:
+                    self.digests[worker_id].append((self.received[worker_id] + 1, response.digests))
                 self.received[worker_id] += response.count
-                if response.mark is not None:
-                    self.marks[worker_id].append(response.mark)
-                    self.position_mark(worker_id, self._kept_position(worker_id))
+                self._prune_digests(worker_id, self._kept_position(worker_id))
             return None
         if isinstance(response, StopIterationResponse):
             if response.epoch == self.epoch:
@@ -252,7 +263,8 @@ class WorkerConsumer(IterDataPipe):
             return None
         if isinstance(response, StateMarkResponse):
             if response.epoch == self.epoch:
-                self.states[worker_id].append((response.position, response.state))
+                digest = self.position_digest(worker_id, response.position)
+                self.states[worker_id].append((response.position, response.state, digest))
                 self.position_state(worker_id, self._kept_position(worker_id))
             return None
         if isinstance(response, WorkerExceptionResponse):
@@ -357,7 +369,7 @@ class WorkerConsumer(IterDataPipe):
 
     def replay(self, positions: Sequence[WorkerPosition], next_worker: int) -> None:
         """Restore: worker ``i`` replays (and drops) the ``positions[i].delivered`` items the user
-        already had, checking its mark, starting from its recorded graph state if it has one;
+        already had, checking their running digest, starting from its recorded graph state if it has one;
         the round-robin resumes at ``next_worker``. Workers whose stream had ended are found
         again on the way, at the same places."""
         with self.lock:
@@ -367,8 +379,9 @@ class WorkerConsumer(IterDataPipe):
     def _set_positions(self, positions: Sequence[WorkerPosition], next_worker: int) -> None:
         for worker_id, position in enumerate(positions):
             self.buffers[worker_id].clear()
-            self.marks[worker_id].clear()
-            self.best_marks[worker_id] = position.mark
+            self.digests[worker_id].clear()
+            if position.digest is not None:  # the digest at the restored position, as if received
+                self.digests[worker_id].append((position.delivered, _pack_digest(position.digest)))
             self.states[worker_id].clear()
             self.best_states[worker_id] = position.state
             done = position.delivered
@@ -383,22 +396,32 @@ class WorkerConsumer(IterDataPipe):
                 self._top_up(worker_id)
 
     def position_state(self, worker_id: int, position: int) -> Optional[GraphState]:
-        """The latest graph state of worker ``worker_id`` captured at or before ``position``."""
-        return self._settle(self.states[worker_id], self.best_states, worker_id, position)
-
-    def position_mark(self, worker_id: int, position: int) -> Optional[Mark]:
-        """The latest mark of worker ``worker_id``'s stream at or before ``position``."""
-        return self._settle(self.marks[worker_id], self.best_marks, worker_id, position)
-
-    def _settle(self, pending: Deque[Any], best: List[Any], worker_id: int, position: int) -> Any:
-        """Keep only the latest entry at or before ``position`` (positions only grow) and those after."""
+        """The latest graph state of worker ``worker_id`` captured strictly before ``position``:
+        a restore from it replays, and checks, at least the item at ``position``. Older states
+        are dropped (positions only grow)."""
         with self.lock:
-            while pending and pending[0][0] <= position:
-                best[worker_id] = pending.popleft()
-            return best[worker_id]
+            pending = self.states[worker_id]
+            while pending and pending[0][0] < position:
+                self.best_states[worker_id] = pending.popleft()
+            return self.best_states[worker_id]
+
+    def position_digest(self, worker_id: int, position: int) -> Optional[str]:
+        """Worker ``worker_id``'s running digest after its ``position``-th item, if kept."""
+        with self.lock:
+            for first, packed in self.digests[worker_id]:
+                index = position - first
+                if 0 <= index < len(packed) // _DIGEST_SIZE:
+                    return chain_hex(array("Q", packed[index * _DIGEST_SIZE : (index + 1) * _DIGEST_SIZE])[0])
+            return None
+
+    def _prune_digests(self, worker_id: int, position: int) -> None:
+        """Drop the batches of digests that end before ``position`` (positions only grow)."""
+        batches = self.digests[worker_id]
+        while len(batches) > 1 and batches[0][0] + len(batches[0][1]) // _DIGEST_SIZE <= position:
+            batches.popleft()
 
     def _kept_position(self, worker_id: int) -> int:
-        """How far back marks and states of worker ``worker_id`` may still be asked for: the
+        """How far back digests and states of worker ``worker_id`` may still be asked for: the
         user's position when it is tracked (checkpoints), else what this process received
         (self-healing only needs that), so neither list grows with the epoch."""
         if self.user_position is not None:
@@ -433,15 +456,9 @@ class WorkerConsumer(IterDataPipe):
         channel = self.respawn(worker_id)
         self.channels[worker_id] = channel
         position = self.received[worker_id]
-
-        def latest(recorded: Optional[Any], pending: Deque[Any]) -> Any:
-            behind = [x for x in [recorded, *pending] if x is not None and x[0] <= position]
-            return max(behind, key=lambda x: x[0], default=None)
-
-        there = WorkerPosition(
-            position, latest(self.best_marks[worker_id], self.marks[worker_id]),
-            latest(self.best_states[worker_id], self.states[worker_id]),
-        )  # fmt: skip
+        behind = [s for s in [self.best_states[worker_id], *self.states[worker_id]] if s and s[0] < position]
+        state = max(behind, key=lambda s: s[0], default=None)
+        there = WorkerPosition(position, self.position_digest(worker_id, position), state)
         reset = ResetEpochRequest(self.epoch, self._epoch_seeds[worker_id], self._epoch_iter_reset_fn)
         steps: List[Tuple[Any, Type[Any]]] = [
             (reset, ResetEpochResponse),

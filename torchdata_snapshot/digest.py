@@ -1,8 +1,14 @@
-"""``item_digest``: a short, content-based fingerprint of an item, to detect replay divergence.
+"""Content-based digests of items, to detect replay divergence.
 
-Deterministic replay is only exact for deterministic pipelines. The checkpoint records the
-digest of the last item each worker delivered; a restored worker recomputes it on the item it
-replays at that position and refuses to continue if they differ.
+Deterministic replay is only exact for deterministic pipelines. Every stream of items (a
+worker's, or the in-process pipeline's) keeps a *running digest*: ``chain(value, item)`` folds
+each item it produces into a 64-bit value, so the value after item ``p`` covers items ``1..p``.
+The checkpoint records the value at the user's position in each stream; a restore recomputes it
+on the items it replays and refuses to continue if the two differ (see ``ReplayDivergenceError``).
+Folding an item costs about a tenth of a microsecond for ints and a few for tensors.
+
+``chain`` takes exact built-in scalars, strings and sequences of them directly; everything else
+goes through ``item_digest``.
 
 The digest must be equal for equal items in *different processes* (so no ``id()``, no
 ``hash()`` of strings, which is salted per process, and no pickle of a shared-memory tensor,
@@ -18,9 +24,10 @@ from __future__ import annotations
 import hashlib
 import struct
 import sys
+import zlib
 from typing import Any, Callable, Dict
 
-__all__ = ["SAMPLE_BYTES", "item_digest"]
+__all__ = ["CHAIN_START", "SAMPLE_BYTES", "chain", "chain_hex", "item_digest", "parse_chain_hex"]
 
 #: Bytes of a tensor's or array's data hashed from each end.
 SAMPLE_BYTES = 4096
@@ -167,3 +174,59 @@ _FEEDERS: Dict[type, Callable[[Any, Any, int], None]] = {
     set: _feed_set,
     frozenset: _feed_set,
 }
+
+
+# --- running digests --------------------------------------------------------------------------
+
+_MASK64 = (1 << 64) - 1
+_PRIME64 = 0x100000001B3  # FNV-1's: multiplying by an odd number mod 2**64 loses nothing
+
+#: The running digest of an empty stream.
+CHAIN_START = 0xCBF29CE484222325
+
+# Tags keep equal-looking values of different types apart (1, 1.0, True, "1").
+_TAG_FLOAT = 0x9E3779B97F4A7C15
+_TAG_STR = 0xC2B2AE3D27D4EB4F
+_TAG_BYTES = 0x165667B19E3779F9
+_TAG_SEQUENCE = 0x27D4EB2F165667C5
+_TAG_NONE = 0x61C8864680B583EB
+_TAG_TRUE = 0x3C6EF372FE94F82A
+_TAG_FALSE = 0x5851F42D4C957F2D
+_NAN = 0x7FF8000000000001
+
+
+def _item_hash(item: Any) -> int:
+    """A 64-bit digest of ``item``, equal in every process for equal items."""
+    kind = type(item)
+    if kind is int:
+        return item & _MASK64
+    if kind is str:
+        return _TAG_STR ^ zlib.crc32(item.encode("utf-8", "surrogatepass")) ^ (len(item) << 32)
+    if kind is tuple or kind is list:
+        h = _TAG_SEQUENCE ^ len(item)
+        for x in item:
+            h = ((h ^ _item_hash(x)) * _PRIME64) & _MASK64
+        return h
+    if kind is float:  # hash() of a float is not salted; a NaN's is its id
+        return _TAG_FLOAT ^ (hash(item) & _MASK64 if item == item else _NAN)
+    if kind is bytes:
+        return _TAG_BYTES ^ zlib.crc32(item) ^ (len(item) << 32)
+    if item is None:
+        return _TAG_NONE
+    if kind is bool:
+        return _TAG_TRUE if item else _TAG_FALSE
+    return int(item_digest(item), 16)
+
+
+def chain(value: int, item: Any) -> int:
+    """The running digest of a stream after ``item``, ``value`` being the one before it."""
+    return ((value ^ _item_hash(item)) * _PRIME64) & _MASK64
+
+
+def chain_hex(value: int) -> str:
+    """A running digest as 16 hex digits (the form checkpoints store)."""
+    return f"{value:016x}"
+
+
+def parse_chain_hex(text: str) -> int:
+    return int(text, 16)

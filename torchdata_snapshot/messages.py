@@ -79,18 +79,20 @@ class ReplayRequest(Request):
     """Restore by deterministic replay: produce the first ``skip`` items of the (freshly reset)
     epoch ``epoch`` and drop them; they never leave the process.
 
-    ``verify`` is a mark ``(position, digest)`` recorded by the checkpoint: the replayed item at
-    that position must have that digest, or the reply is a ``ReplayDivergenceError``. With
-    ``state = (position, blob)`` the graph is first loaded with the state it had after its
-    ``position``-th item (stateful restore) and ``skip`` counts from there. It is a
+    With ``state = (position, blob)`` the graph is first loaded with the state it had after its
+    ``position``-th item (stateful restore) and ``skip`` counts from there; ``state_digest`` is
+    the stream's running digest at that position (see :mod:`torchdata_snapshot.digest`).
+    ``digest`` is the running digest the checkpoint recorded after the last replayed item: the
+    replay must end with the same one, or the reply is a ``ReplayDivergenceError``. It is a
     request of its own, sent after the dispatching process (if any) was reset too, because a
     worker's replay may need dispatched items of the new epoch.
     """
 
     epoch: int
     skip: int
-    verify: Optional[Tuple[int, str]] = None
+    digest: Optional[str] = None
     state: Optional[Tuple[int, bytes]] = None
+    state_digest: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -128,13 +130,14 @@ class GetNextRequest(Request):
 @dataclass(frozen=True)
 class ItemsResponse(Response):
     """``count`` items of epoch ``epoch``, in order, pickled one after the other into ``payload``
-    (see :class:`~torchdata_snapshot.channel.ItemEncoder`). ``mark`` is ``(position, digest)`` of
-    the batch's last item when replay verification is on (position counts from 1 in the epoch)."""
+    (see :class:`~torchdata_snapshot.channel.ItemEncoder`). With replay verification on,
+    ``digests`` holds the stream's running digest after each of them, as ``count`` native
+    unsigned 64-bit integers (``array("Q")``; see :mod:`torchdata_snapshot.digest`)."""
 
     epoch: int
     count: int
     payload: bytes
-    mark: Optional[Tuple[int, str]] = None
+    digests: Optional[bytes] = None
 
 
 @dataclass(frozen=True)

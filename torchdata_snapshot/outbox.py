@@ -10,9 +10,9 @@ they are produced faster than they can be sent. A full pipe (a main process busy
 blocks only the sending thread, so the worker keeps producing up to its credit.
 
 Order: control responses go through the same queue as items, so an answer still marks an exact
-position in the worker's stream. Items are pickled by the producing loop (so a pickling error
-names the item), the thread only concatenates, digests the last item of each batch (the mark)
-and writes.
+position in the worker's stream. Items are pickled and digested by the producing loop (so a
+pickling error names the item, and an item changed after it was yielded is digested as it was
+yielded); the thread only concatenates and writes.
 
 Counters (``sent``, ``batches``) are the thread's; read them with :meth:`Outbox.counters`.
 
@@ -25,13 +25,13 @@ instead of producing into a queue nobody writes.
 from __future__ import annotations
 
 import threading
+from array import array
 from collections import deque
 from typing import Any, Deque, Optional, Tuple
 
 from torchdata._utils import ExceptionWrapper
 
 from torchdata_snapshot.channel import Endpoint, ParentGone
-from torchdata_snapshot.digest import item_digest
 from torchdata_snapshot.messages import ItemsResponse, WorkerExceptionResponse
 from torchdata_snapshot.options import BatchingOptions
 
@@ -39,10 +39,10 @@ __all__ = ["Outbox"]
 
 
 class _Item:
-    __slots__ = ("epoch", "payload", "item")
+    __slots__ = ("epoch", "payload", "digest")
 
-    def __init__(self, epoch: int, payload: bytes, item: Any) -> None:
-        self.epoch, self.payload, self.item = epoch, payload, item
+    def __init__(self, epoch: int, payload: bytes, digest: Optional[int]) -> None:
+        self.epoch, self.payload, self.digest = epoch, payload, digest
 
 
 class _Stop:
@@ -57,13 +57,10 @@ class Outbox:
     items handed over but not yet written (see :meth:`counters`).
     """
 
-    def __init__(
-        self, endpoint: Endpoint, batching: BatchingOptions, verify: bool, name: str = "worker"
-    ) -> None:
+    def __init__(self, endpoint: Endpoint, batching: BatchingOptions, name: str = "worker") -> None:
         self.endpoint = endpoint
         self.name = name
         self.batching = batching
-        self.verify = verify
         self._queue: Deque[Any] = deque()
         self._cond = threading.Condition(threading.Lock())
         self._busy = False  # the thread holds entries taken from the queue
@@ -76,8 +73,9 @@ class Outbox:
 
     # --- producer side --------------------------------------------------------------------------
 
-    def put_item(self, epoch: int, payload: bytes, item: Any) -> None:
-        self._put(_Item(epoch, payload, item))
+    def put_item(self, epoch: int, payload: bytes, digest: Optional[int] = None) -> None:
+        """Queue a pickled item, with the stream's running digest after it (or ``None``)."""
+        self._put(_Item(epoch, payload, digest))
 
     def put(self, message: Any) -> None:
         """Queue a message after everything queued before it."""
@@ -175,13 +173,11 @@ class Outbox:
 
     def _write_batch(self, batch: Any) -> None:
         epoch = batch[0].epoch  # always the current epoch: start_epoch() drops older items
-        with self._cond:
-            position = self._sent + len(batch)
-        # One digest per message (of its last item) lets a restore verify its replay at a recent
-        # position for the cost of one digest per batch.
-        mark = (position, item_digest(batch[-1].item)) if self.verify else None
+        digests = None
+        if batch[0].digest is not None:
+            digests = array("Q", [entry.digest for entry in batch]).tobytes()
         payload = b"".join(entry.payload for entry in batch)
-        self.endpoint.send(ItemsResponse(epoch, len(batch), payload, mark))
+        self.endpoint.send(ItemsResponse(epoch, len(batch), payload, digests))
         with self._cond:
             self._sent += len(batch)
             self._batches += 1

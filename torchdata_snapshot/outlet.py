@@ -13,6 +13,8 @@ that the user reached:
 * otherwise (``num_workers=0``, or a tail that batches or filters) positions in the workers'
   streams cannot be told from the user's count, and a restore replays the epoch *in the main
   process*: the outlet drops the first ``skip`` items of the resumed epoch before handing any out.
+  It then keeps the running digest of what it handed out (see :mod:`torchdata_snapshot.digest`),
+  which the replay must reproduce.
 """
 
 from __future__ import annotations
@@ -23,16 +25,11 @@ from typing import Any, Deque, Iterator, List, Optional
 from torch.utils.data import IterDataPipe
 from torchdata.dataloader2.graph import DataPipe
 
-from torchdata_snapshot.checkpoint import Mark
-from torchdata_snapshot.digest import item_digest
+from torchdata_snapshot.digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot.errors import ReplayDivergenceError
 from torchdata_snapshot.rng import IsolatedRNG
 
-__all__ = ["MARK_EVERY", "Outlet"]
-
-#: In main-process replay mode, every MARK_EVERY-th item the user receives is digested, so that
-#: a restore can check the replayed stream against it.
-MARK_EVERY = 64
+__all__ = ["Outlet"]
 
 
 class Outlet(IterDataPipe):
@@ -40,8 +37,8 @@ class Outlet(IterDataPipe):
 
     Attributes (current epoch): ``delivered`` items handed to the user; ``finished`` once
     ``StopIteration`` reached the user; ``worker_delivered`` / ``last_worker`` the user's position
-    in the workers' streams (when positions are tracked); ``mark`` a digest of a delivered item
-    (main-process replay mode, when verification is on).
+    in the workers' streams (when positions are tracked); ``digest`` the running digest of the
+    delivered items (main-process replay mode, when verification is on; ``None`` otherwise).
     """
 
     def __init__(
@@ -56,10 +53,10 @@ class Outlet(IterDataPipe):
         self.delivered = 0
         self.finished = False
         self.verify = False
-        self.mark: Optional[Mark] = None
         self.rng: Optional[IsolatedRNG] = None
+        self._chain: Optional[int] = None
         self._skip = 0
-        self._skip_mark: Optional[Mark] = None
+        self._skip_digest: Optional[str] = None
 
     def start_epoch(
         self,
@@ -69,14 +66,14 @@ class Outlet(IterDataPipe):
         worker_delivered: Optional[List[int]] = None,
         last_worker: int = -1,
         skip: int = 0,
-        skip_mark: Optional[Mark] = None,
+        skip_digest: Optional[str] = None,
     ) -> None:
         """Reset the counters for ``epoch``; a restore resumes them from the checkpoint.
 
         With tracked positions, a restore passes ``delivered``, ``worker_delivered`` and
         ``last_worker``. In main-process replay mode it passes ``skip``: that many items are
-        replayed and dropped here before the first one reaches the user, the ``skip_mark``-ed
-        one checked against its digest.
+        replayed and dropped here before the first one reaches the user, their running digest
+        checked against ``skip_digest``.
         """
         self.epoch = epoch
         self.finished = False
@@ -85,8 +82,15 @@ class Outlet(IterDataPipe):
         self.worker_delivered[:] = worker_delivered if worker_delivered else [0] * len(self.worker_delivered)
         self.last_worker = last_worker
         self.delivered = skip if skip else delivered
-        self.mark = skip_mark
-        self._skip, self._skip_mark = skip, skip_mark
+        self._chain = CHAIN_START if self.verify and not self.track_positions else None
+        self._skip, self._skip_digest = skip, skip_digest
+
+    @property
+    def digest(self) -> Optional[str]:
+        """The running digest of the items delivered this epoch (main-process replay mode)."""
+        if self._skip:  # not replayed yet: the one the restore started from
+            return self._skip_digest
+        return None if self._chain is None or not self.delivered else chain_hex(self._chain)
 
     def __iter__(self) -> Iterator[Any]:
         return _OutletIterator(self, iter(self.source_datapipe), self.epoch)
@@ -96,7 +100,8 @@ class Outlet(IterDataPipe):
 
     def _replay(self, source: Iterator[Any]) -> None:
         """Drop the ``skip`` items the user already received before the checkpoint."""
-        skip, mark, self._skip = self._skip, self._skip_mark, 0
+        skip, expected, self._skip = self._skip, self._skip_digest, 0
+        digest = self._chain
         for position in range(1, skip + 1):
             try:
                 item = next(source)
@@ -105,12 +110,15 @@ class Outlet(IterDataPipe):
                     f"the replayed epoch ended after {position - 1} items, but the checkpoint says the user "
                     f"had received {skip}: the pipeline is not deterministic"
                 ) from None
-            if self.verify and mark is not None and position == mark[0] and item_digest(item) != mark[1]:
-                raise ReplayDivergenceError(
-                    f"item {position} of the replayed epoch differs from the one the user received "
-                    f"before the checkpoint (digest {item_digest(item)}, recorded {mark[1]}): the "
-                    "pipeline is not deterministic; pass verify_replay=False to continue anyway"
-                )
+            if digest is not None:
+                digest = chain(digest, item)
+        if digest is not None and expected is not None and chain_hex(digest) != expected:
+            raise ReplayDivergenceError(
+                f"items 1..{skip} of the replayed epoch differ from those the user received before the "
+                f"checkpoint (running digest {chain_hex(digest)}, recorded {expected}): the pipeline is not "
+                "deterministic; pass verify_replay=False to continue anyway"
+            )
+        self._chain = digest
         self.delivered = skip
 
 
@@ -148,6 +156,6 @@ class _OutletIterator:
             worker_id = outlet.handoff.popleft()
             outlet.worker_delivered[worker_id] += 1
             outlet.last_worker = worker_id
-        elif outlet.verify and outlet.delivered % MARK_EVERY == 0:
-            outlet.mark = (outlet.delivered, item_digest(item))
+        elif outlet._chain is not None:
+            outlet._chain = chain(outlet._chain, item)
         return item

@@ -148,8 +148,10 @@ class MultiProcessingReadingService(
             waits for it to start, gets at least ``STARTUP_TIMEOUT_S`` (120 s).
         timeout_s: bound on waiting for one item (``None``: as long as the worker lives, like
             ``torch.utils.data.DataLoader``'s ``timeout=0``). A dead worker is detected either way.
-        verify_replay: on restore, check the replayed items against digests recorded in the
-            checkpoint and raise :class:`~torchdata_snapshot.ReplayDivergenceError` if they differ.
+        verify_replay: keep a running digest of every item of each stream (about 0.1 us per
+            small item) and, on restore, check that the replayed items reproduce the one the
+            checkpoint recorded at the user's position; raise
+            :class:`~torchdata_snapshot.ReplayDivergenceError` if they do not.
         isolate_rng: with ``num_workers=0``, give the pipeline its own ``random``/``torch``/``numpy``
             global RNG states (seeded by DataLoader2 like a worker's), so that the training loop's
             draws never change the data and a restored epoch replays exactly. Costs tens of
@@ -466,7 +468,7 @@ class MultiProcessingReadingService(
         if resume is None:
             outlet.start_epoch(self._epoch)
         elif replay_in_main:
-            outlet.start_epoch(self._epoch, skip=resume.delivered, skip_mark=resume.mark)
+            outlet.start_epoch(self._epoch, skip=resume.delivered, skip_digest=resume.digest)
         else:
             outlet.start_epoch(
                 self._epoch,
@@ -543,7 +545,7 @@ class MultiProcessingReadingService(
         next_worker = 0
         if consumer is not None and outlet.track_positions:
             workers = tuple(
-                WorkerPosition(d, consumer.position_mark(i, d), consumer.position_state(i, d))
+                WorkerPosition(d, consumer.position_digest(i, d), consumer.position_state(i, d))
                 for i, d in enumerate(outlet.worker_delivered)
             )
             next_worker = (outlet.last_worker + 1) % self.num_workers if outlet.last_worker >= 0 else 0
@@ -555,7 +557,7 @@ class MultiProcessingReadingService(
             seed=self._epoch_seed,
             delivered=outlet.delivered,
             replay_in_main=not outlet.track_positions,
-            mark=None if outlet.track_positions else outlet.mark,
+            digest=None if outlet.track_positions else outlet.digest,
             workers=workers,
             next_worker=next_worker,
         ).to_plain()

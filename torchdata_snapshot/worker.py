@@ -43,7 +43,7 @@ request            handler                                                      
 ResetEpochRequest  seed the graph (``process_reset_fn``), fresh iterator,           ResetEpochResponse
                    credit and counters to zero
 ReplayRequest      load the graph state if given, produce and drop the next ``skip`` ReplayResponse
-                   items (restore), check the item at the mark against its digest
+                   items (restore), check their running digest
 GetNextRequest     add credit (ignored if for another epoch)                        (items, states)
 PauseRequest       send what is produced, ``pause()`` DataPipes, apply ``pause_fn`` PauseResponse
 ResumeRequest      apply ``resume_fn``, ``resume()`` DataPipes                      ResumeResponse
@@ -68,28 +68,29 @@ Checkpoint and restore
 ``checkpoint()`` needs no message at all: it records what the *user* received. The outlet (the
 last DataPipe) pops, for every item it hands to the user, the worker id the consumer pushed when
 it handed that item downstream; so the user's position in each worker's stream is known exactly
-whatever the main-process tail buffers. Each ``ItemsResponse`` carries the digest of its last
-item with its position (a mark). A stateful graph (see :mod:`torchdata_snapshot.stateful`) also
-sends ``StateMarkResponse(position, state)`` right behind an item, as often as
-``CAPTURE_TIME_BUDGET`` of its production time allows and at most every ``state_interval``
-items. The checkpoint keeps, per worker, the latest mark and state at or behind the user's
-position, the epoch's seeds and the round-robin's next worker.
+whatever the main-process tail buffers. Each ``ItemsResponse`` carries the worker's running
+digest after each of its items (see :mod:`torchdata_snapshot.digest`). A stateful graph (see
+:mod:`torchdata_snapshot.stateful`) also sends ``StateMarkResponse(position, state)`` right
+behind an item, as often as ``CAPTURE_TIME_BUDGET`` of its production time allows and at most
+every ``state_interval`` items. The checkpoint keeps, per worker, the running digest at the
+user's position and the latest state strictly behind it (so that a restore always replays, and
+checks, at least one item), the epoch's seeds and the round-robin's next worker.
 
 ``restore()`` replays from the latest state (or from the epoch's start): the epoch restarts
 with the recorded seeds (``ResetEpochRequest``), the dispatcher (if any) is reset, and each
-worker gets ``ReplayRequest(skip, mark, state)``: it loads the state, produces and drops the
-``skip`` items after it inside its process, checks the marked one, then streams from there under
-credit as usual. A worker whose stream had ended ends again at the same place, so the
-round-robin's order continues exactly. Main-process tails that are not one-to-one (and
-``num_workers=0``) are replayed by the outlet itself.
+worker gets ``ReplayRequest(skip, digest, state)``: it loads the state, produces and drops the
+``skip`` items after it inside its process, checks that their running digest ends as recorded,
+then streams from there under credit as usual. A worker whose stream had ended ends again at
+the same place, so the round-robin's order continues exactly. Main-process tails that are not
+one-to-one (and ``num_workers=0``) are replayed by the outlet itself.
 
 Liveness and shutdown
 ---------------------
 Every blocking wait has a timeout (``LIVENESS_CHECK_INTERVAL_S``) after which the waiter checks
 the other side: the main process checks the worker's exit code (and raises naming worker id, pid
 and exit code), a worker checks that the training process still exists (its parent, or under
-``forkserver`` the sentinel multiprocessing hands it; see ``ParentWatch``). The main process closes its
-copies of the workers' pipe ends, so a dead worker is also seen at once as end-of-file. Shutdown
+``forkserver`` the sentinel multiprocessing hands it; see ``ParentWatch``). The main process
+closes its copies of the workers' pipe ends, so a dead worker is also seen at once as end-of-file. Shutdown
 sends ``TerminateRequest``, reads until ``TerminateResponse`` (bounded), joins with a timeout and
 kills what is left; it is idempotent.
 """
@@ -119,7 +120,7 @@ from torchdata_snapshot.channel import (
     ParentGone,
     ParentWatch,
 )
-from torchdata_snapshot.digest import item_digest
+from torchdata_snapshot.digest import CHAIN_START, chain, chain_hex, parse_chain_hex
 from torchdata_snapshot.dispatch import DispatchedSource, find_dispatched_sources
 from torchdata_snapshot.errors import ProtocolError, ReplayDivergenceError, StateCaptureError
 from torchdata_snapshot.messages import (
@@ -233,11 +234,13 @@ class WorkerLoop:
         self.distributed_shared_seed = distributed_shared_seed
         self.init_error = init_error
         self.encoder = ItemEncoder()
-        self.outbox = Outbox(endpoint, options.batching, options.verify_replay, self.name)
+        self.outbox = Outbox(endpoint, options.batching, self.name)
         self.epoch = -1
         self.iterator: Optional[Any] = None
         self.credit = 0
         self.produced = 0  # items the graph produced this epoch (== sent + pending in the outbox)
+        # The running digest of the items produced this epoch (None: replay verification off).
+        self.digest: Optional[int] = None
         self.exhausted = False
         self.paused = False
         self.terminated = False
@@ -337,7 +340,9 @@ class WorkerLoop:
                 return
             self.produced += 1
             self.credit -= 1
-            self.outbox.put_item(self.epoch, payload, item)
+            if self.digest is not None:
+                self.digest = chain(self.digest, item)
+            self.outbox.put_item(self.epoch, payload, self.digest)
             if self.stateful and self.produced >= self._next_capture:
                 self._capture_state()
             if time.perf_counter() >= deadline:
@@ -412,6 +417,7 @@ class WorkerLoop:
         for source in self._sources:
             source.reset_epoch(self.epoch)
         self.credit = self.produced = 0
+        self.digest = CHAIN_START if self.options.verify_replay else None
         self._next_capture = self.options.state_interval
         self._busy_s, self._last_capture = 0.0, (0.0, 0)
         self.exhausted = False
@@ -429,19 +435,24 @@ class WorkerLoop:
             start, blob = request.state
             load_graph_state(self._graph, blob)
             self.iterator = iter(self.datapipe)  # starts from the loaded states
-        self._replay(start, request.skip, request.verify)
+            # The digest carries on from the state's position, if the checkpoint knows it there.
+            known = self.digest is not None and request.state_digest is not None
+            self.digest = parse_chain_hex(request.state_digest) if known else None  # type: ignore[arg-type]
+        self._replay(start, request.skip, request.digest)
         self._last_capture = (self._busy_s, self.produced)  # replayed items do not pace captures
         self.outbox.start_epoch(self.epoch, sent=self.produced)  # as if those had been sent
         self.outbox.put(ReplayResponse(self.epoch, request.skip))
 
-    def _replay(self, start: int, skip: int, verify: Optional[Tuple[int, str]]) -> None:
+    def _replay(self, start: int, skip: int, expected: Optional[str]) -> None:
         """Produce and drop items ``start + 1 .. start + skip``: the rest of what the user received
         before the checkpoint, after the state loaded at ``start`` (0: the epoch's beginning).
 
-        They never leave this process. The item at ``verify``'s position must have its digest,
-        otherwise the pipeline is not deterministic and continuing would hand out other data.
+        They never leave this process. Their running digest must end as ``expected``, the one
+        the checkpoint recorded: otherwise the pipeline is not deterministic (or a loaded state
+        is wrong) and continuing would hand out other data.
         """
         heartbeat = time.monotonic() + REPLAY_HEARTBEAT_S
+        digest = self.digest
         for position in range(start + 1, start + skip + 1):
             try:
                 item = next(self.iterator)  # type: ignore[arg-type]
@@ -452,18 +463,20 @@ class WorkerLoop:
                     f"items, but the checkpoint says the user had received {start + skip} of them: the "
                     "pipeline is not deterministic"
                 ) from None
-            if verify is not None and position == verify[0] and self.options.verify_replay:
-                digest = item_digest(item)
-                if digest != verify[1]:
-                    self.iterator = None
-                    raise ReplayDivergenceError(
-                        f"{self.name}: item {position} of epoch {self.epoch} replayed with digest {digest}, "
-                        f"but the checkpoint recorded {verify[1]}: the pipeline is not deterministic (a file "
-                        "changed? an unseeded random source?); pass verify_replay=False to continue anyway"
-                    )
+            if digest is not None:
+                digest = chain(digest, item)
             if time.monotonic() >= heartbeat:
                 self.outbox.put(ReplayProgressResponse(self.epoch, position))
                 heartbeat = time.monotonic() + REPLAY_HEARTBEAT_S
+        if skip and digest is not None and expected is not None and chain_hex(digest) != expected:
+            self.iterator = None
+            raise ReplayDivergenceError(
+                f"{self.name}: items {start + 1}..{start + skip} of epoch {self.epoch} replayed differently "
+                f"from those the user received before the checkpoint (running digest {chain_hex(digest)}, "
+                f"recorded {expected}): the pipeline is not deterministic (a file changed? an unseeded "
+                "random source?); pass verify_replay=False to continue anyway"
+            )
+        self.digest = digest
         self.produced = start + skip
 
     @_handles(GetNextRequest)

@@ -285,3 +285,54 @@ class CountingStateful(IterDataPipe):
 @_register("stateful_source")
 def _stateful_source(n: int) -> IterDataPipe:
     return CountingStateful(n).shuffle(buffer_size=16).sharding_filter().map(with_global_randomness).batch(2)
+
+
+# --- replay divergence ------------------------------------------------------------------------------
+
+
+class ChangesOnceMarked(IterDataPipe):
+    """``range(n)``, except that once the file ``marker`` exists its first item is ``-1``: a
+    pipeline that replays differently after the checkpoint (a data file that changed)."""
+
+    def __init__(self, n: int, marker: str) -> None:
+        self.n = n
+        self.marker = marker
+
+    def __iter__(self) -> Iterator[int]:
+        changed = os.path.exists(self.marker)
+        for x in range(self.n):
+            yield -1 if changed and x == 0 else x
+
+
+class SystemRandomOrder(IterDataPipe):
+    """``range(n)`` in an order no seed reproduces (``random.SystemRandom``)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[int]:
+        order = list(range(self.n))
+        random.SystemRandom().shuffle(order)
+        yield from order
+
+
+class OffByOneState(IterDataPipe):
+    """``range(n)`` with state methods that are deliberately wrong: a loaded state resumes one
+    item too late (a broken adapter)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.position = 0
+        self._loaded: Any = None
+
+    def __iter__(self) -> Iterator[int]:
+        self.position, self._loaded = (self._loaded or 0), None
+        while self.position < self.n:
+            self.position += 1
+            yield self.position - 1
+
+    def state_dict(self) -> Dict[str, int]:
+        return {"position": self.position + 1}
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        self._loaded = state["position"]

@@ -31,14 +31,17 @@ def example(**changes: Any) -> Checkpoint:
         status="in_epoch",
         seed=seed_state(SeedGenerator(1)),
         delivered=7,
-        workers=(WorkerPosition(4, (3, "00ff00ff00ff00ff")), WorkerPosition(3, None)),
+        workers=(
+            WorkerPosition(4, "00ff00ff00ff00ff", (2, b"\x80\x05}.", "0123456789abcdef")),
+            WorkerPosition(3, None),
+        ),
         next_worker=0,
     )
     fields.update(changes)
     return Checkpoint(**fields)
 
 
-PLAIN_TYPES = (dict, list, str, int, bool, type(None))
+PLAIN_TYPES = (dict, list, str, bytes, int, bool, type(None))
 
 
 def assert_plain(value: Any, where: str = "state") -> None:
@@ -90,7 +93,10 @@ def corrupt(edit: Callable[[Dict[str, Any]], Any], keep_checksum: bool = False) 
         (b"\x80\x04...", "is bytes, not the plain dict"),
         ([1, 2], "must be a dict, got list"),
         (corrupt(lambda s: s.update(format="something else")), "not a torchdata_snapshot checkpoint"),
-        (corrupt(lambda s: s.update(version=2)), "format version 2; this torchdata_snapshot reads version 1"),
+        (
+            corrupt(lambda s: s.update(version=3)),
+            "format version 3; this torchdata_snapshot reads versions 1, 2",
+        ),
         (corrupt(lambda s: s.pop("workers")), "truncated: missing workers"),
         (corrupt(lambda s: s.pop("checksum")), "truncated: missing checksum"),
         (corrupt(lambda s: s.update(extra=1)), "unknown fields: extra"),
@@ -100,8 +106,17 @@ def corrupt(edit: Callable[[Dict[str, Any]], Any], keep_checksum: bool = False) 
             "'delivered' of workers\\[0\\] must be a non-negative",
         ),
         (corrupt(lambda s: s["workers"].pop()), "'workers' must list 2 positions"),
-        (corrupt(lambda s: s["workers"][1].update(mark=[0, "00ff00ff00ff00ff"])), "mark of workers\\[1\\]"),
-        (corrupt(lambda s: s["workers"][1].update(mark=[1, "xyz"])), "mark of workers\\[1\\]"),
+        (
+            corrupt(lambda s: s["workers"][1].update(digest=[0, "00ff00ff00ff00ff"])),
+            "digest of workers\\[1\\]",
+        ),
+        (corrupt(lambda s: s["workers"][1].update(digest="xyz")), "digest of workers\\[1\\]"),
+        (
+            corrupt(lambda s: s["workers"][0]["state"].update(digest=7)),
+            "digest of the state of workers\\[0\\]",
+        ),
+        (corrupt(lambda s: s["workers"][0]["state"].update(position=5)), "state of workers\\[0\\] is ahead"),
+        (corrupt(lambda s: s["workers"][0].pop("digest")), "workers\\[0\\] must have 'delivered', 'digest'"),
         (corrupt(lambda s: s.update(status="paused")), "'status' must be one of"),
         (corrupt(lambda s: s.update(epoch="3")), "'epoch' must be an int"),
         (corrupt(lambda s: s.update(next_worker=2)), "'next_worker' must be < num_workers"),
@@ -139,3 +154,36 @@ def test_the_fingerprint_follows_the_structure_of_the_pipeline() -> None:
     assert graph_fingerprint(IterableWrapper(range(5))) == graph_fingerprint(IterableWrapper(range(9))), (
         "the data is not part of the structure"
     )
+
+
+def version_1(plain: Dict[str, Any]) -> Dict[str, Any]:
+    """``plain`` as the first format wrote it: one mark (position, item digest) instead of digests."""
+    from torchdata_snapshot.checkpoint import _checksum
+
+    old = {key: value for key, value in plain.items() if key not in ("digest", "checksum")}
+    old["version"] = 1
+    old["mark"] = None
+    old["workers"] = [
+        {
+            "delivered": w["delivered"],
+            "mark": [w["delivered"], "00ff00ff00ff00ff"] if w["delivered"] else None,
+            "state": None
+            if w["state"] is None
+            else {"position": w["state"]["position"], "blob": w["state"]["blob"]},
+        }
+        for w in plain["workers"]
+    ]
+    old["checksum"] = _checksum(old)
+    return old
+
+
+def test_a_version_1_state_is_upgraded_without_digests() -> None:
+    upgraded = Checkpoint.from_plain(version_1(example().to_plain()))
+    assert upgraded.digest is None
+    assert [w.digest for w in upgraded.workers] == [None, None], "version 1's marks digest one item only"
+    assert upgraded.workers[0].state == (2, b"\x80\x05}.", None)
+    assert upgraded.delivered == 7 and upgraded.seed == example().seed
+    tampered = version_1(example().to_plain())
+    tampered["delivered"] = 8
+    with pytest.raises(InvalidCheckpointError, match="checksum does not match"):
+        Checkpoint.from_plain(tampered)

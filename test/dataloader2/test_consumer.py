@@ -225,21 +225,14 @@ def test_the_handoff_names_the_worker_of_every_item(running) -> None:  # type: i
     assert list(r.consumer.handoff) == [0, 1, 0, 0]
 
 
-def test_marks_give_the_latest_verified_position_behind_the_user(running) -> None:  # type: ignore[no-untyped-def]
-    from torchdata_snapshot.digest import item_digest
+def test_the_running_digest_is_known_at_every_position_the_user_may_reach(running) -> None:  # type: ignore[no-untyped-def]
+    from torchdata_snapshot.digest import CHAIN_START, chain, chain_hex
 
     r = running([IterableWrapper(range(10))], window=16, max_items=3)
-    r.consumer.user_position = [0]  # as an Outlet tracks it; marks past it are kept for later
+    r.consumer.user_position = [0]  # as an Outlet tracks it: nothing may be dropped yet
     assert list(r.start_epoch()) == list(range(10))
-    latest = 0
-    for position in range(11):
-        mark = r.consumer.position_mark(0, position)
-        if mark is None:
-            assert latest == 0
-            continue
-        assert latest <= mark[0] <= position and mark[0] > position - 3, (
-            "the latest batch end behind the user"
-        )
-        assert mark[1] == item_digest(mark[0] - 1)
-        latest = mark[0]
-    assert latest == 10
+    value = CHAIN_START
+    assert r.consumer.position_digest(0, 0) is None, "nothing received, nothing to check"
+    for position in range(1, 11):
+        value = chain(value, position - 1)
+        assert r.consumer.position_digest(0, position) == chain_hex(value)

@@ -21,11 +21,13 @@ def _wrapped_error() -> ExceptionWrapper:
 EXAMPLES = [
     m.ResetEpochRequest(epoch=3, seed_generator=SeedGenerator(7), iter_reset_fn=None),
     m.ResetEpochResponse(epoch=3),
-    m.ReplayRequest(epoch=3, skip=10, verify=(8, "00ff00ff00ff00ff"), state=(4, b"\x80\x05}.")),
+    m.ReplayRequest(
+        epoch=3, skip=10, digest="00ff00ff00ff00ff", state=(4, b"\x80\x05}."), state_digest="0123456789abcdef"
+    ),
     m.ReplayResponse(epoch=3, replayed=10),
     m.ReplayProgressResponse(epoch=3, replayed=5),
     m.GetNextRequest(epoch=3, count=16),
-    m.ItemsResponse(epoch=3, count=2, payload=b"\x80\x05K\x01.\x80\x05K\x02.", mark=(2, "00ff00ff00ff00ff")),
+    m.ItemsResponse(epoch=3, count=2, payload=b"\x80\x05K\x01.\x80\x05K\x02.", digests=bytes(16)),
     m.StateMarkResponse(epoch=3, position=1024, state=b"\x80\x05}."),
     m.StopIterationResponse(epoch=3),
     m.WorkerExceptionResponse(epoch=3, exc=_wrapped_error()),

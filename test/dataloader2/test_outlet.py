@@ -10,9 +10,9 @@ import pytest
 from torch.utils.data import IterDataPipe
 from torchdata.datapipes.iter import IterableWrapper
 
-from torchdata_snapshot.digest import item_digest
+from torchdata_snapshot.digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot.errors import ReplayDivergenceError
-from torchdata_snapshot.outlet import MARK_EVERY, Outlet
+from torchdata_snapshot.outlet import Outlet
 from torchdata_snapshot.rng import IsolatedRNG
 
 
@@ -54,20 +54,29 @@ def test_a_restored_position_is_kept_in_place() -> None:
     assert (outlet.delivered, outlet.last_worker) == (5, 0)
 
 
+def digest_of(items: List[Any]) -> str:
+    value = CHAIN_START
+    for item in items:
+        value = chain(value, item)
+    return chain_hex(value)
+
+
 def test_main_process_replay_drops_the_items_the_user_had() -> None:
     outlet = Outlet(IterableWrapper(range(10)))
     outlet.verify = True
-    outlet.start_epoch(2, skip=4, skip_mark=(3, item_digest(2)))
+    outlet.start_epoch(2, skip=4, skip_digest=digest_of([0, 1, 2, 3]))
     assert outlet.delivered == 4, "the position is the checkpoint's before the replay ran"
+    assert outlet.digest == digest_of([0, 1, 2, 3])
     assert list(outlet) == [4, 5, 6, 7, 8, 9]
-    assert outlet.delivered == 10
+    assert outlet.delivered == 10 and outlet.digest == digest_of(list(range(10)))
 
 
-def test_a_diverging_main_process_replay_is_refused() -> None:
+@pytest.mark.parametrize("skip", [1, 3, 4])
+def test_a_diverging_main_process_replay_is_refused_at_any_position(skip: int) -> None:
     outlet = Outlet(IterableWrapper(range(10)))
     outlet.verify = True
-    outlet.start_epoch(0, skip=4, skip_mark=(3, item_digest("something else")))
-    with pytest.raises(ReplayDivergenceError, match="item 3 of the replayed epoch differs"):
+    outlet.start_epoch(0, skip=skip, skip_digest=digest_of([*range(skip - 1), "something else"]))
+    with pytest.raises(ReplayDivergenceError, match=rf"items 1\.\.{skip} of the replayed epoch differ"):
         next(iter(outlet))
     short = Outlet(IterableWrapper(range(2)))
     short.start_epoch(0, skip=4)
@@ -75,14 +84,19 @@ def test_a_diverging_main_process_replay_is_refused() -> None:
         next(iter(short))
 
 
-def test_marks_every_few_items_in_replay_mode() -> None:
-    outlet = Outlet(IterableWrapper(range(3 * MARK_EVERY)))
+def test_keeps_the_running_digest_of_every_delivered_item_in_replay_mode() -> None:
+    outlet = Outlet(IterableWrapper(range(5)))
     outlet.verify = True
     outlet.start_epoch(0)
     it = iter(outlet)
-    for _ in range(2 * MARK_EVERY + 1):
+    assert outlet.digest is None, "nothing delivered yet"
+    for k in range(1, 6):
         next(it)
-    assert outlet.mark == (2 * MARK_EVERY, item_digest(2 * MARK_EVERY - 1))
+        assert outlet.digest == digest_of(list(range(k)))
+    unverified = Outlet(IterableWrapper(range(5)))
+    unverified.start_epoch(0)
+    next(iter(unverified))
+    assert unverified.digest is None
 
 
 def _draw(x: int) -> Any:

@@ -7,7 +7,18 @@ import pickle
 from typing import Any
 
 import pytest
-from pipelines import double, pipeline, rs, take, tiny, unseeded_noise
+from pipelines import (
+    ChangesOnceMarked,
+    NonReplicable,
+    OffByOneState,
+    SystemRandomOrder,
+    double,
+    pipeline,
+    rs,
+    take,
+    tiny,
+    unseeded_noise,
+)
 from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
 
@@ -80,8 +91,10 @@ def test_the_state_does_not_grow_with_the_position(make_dl: Any) -> None:
 
 
 @pytest.mark.parametrize("shape", ["shuffle_after_sharding", "non_replicable_tail"])
-def test_the_main_process_keeps_no_marks_or_states_behind_what_it_may_need(make_dl: Any, shape: str) -> None:
-    """Marks and graph states behind the user's position (or, when a main-process tail hides
+def test_the_main_process_keeps_no_digests_or_states_behind_what_it_may_need(
+    make_dl: Any, shape: str
+) -> None:
+    """Digests and graph states behind the user's position (or, when a main-process tail hides
     it, behind what was received) are dropped as they arrive: memory does not grow with k."""
     dl = make_dl(pipeline(shape, 6_000), rs(2, state_interval=16, batching=BatchingOptions(max_items=4)))
     it = iter(dl)
@@ -89,7 +102,7 @@ def test_the_main_process_keeps_no_marks_or_states_behind_what_it_may_need(make_
     consumer = dl.reading_service._worker_consumer_datapipe
     window = consumer.window  # the items a worker may have sent ahead of the user
     for worker_id in range(2):
-        assert len(consumer.marks[worker_id]) <= window
+        assert len(consumer.digests[worker_id]) <= window
         assert len(consumer.states[worker_id]) <= window
 
 
@@ -136,6 +149,81 @@ def test_a_pipeline_that_does_not_replay_is_detected(make_dl: Any, num_workers: 
         list(restored(make_dl, state, rs(num_workers)))
     unchecked = restored(make_dl, state, rs(num_workers, verify_replay=False))
     assert len(list(unchecked)) == 50
+
+
+#: Where a restore replays: in the workers (by replay, or from states captured after every item),
+#: or in the main process (num_workers=0, or a main-process tail that is not one-to-one).
+DIVERGENCE_CONFIGS = {
+    "in_process": (0, {}, False),
+    "workers": (2, {"stateful": False}, False),
+    "workers_from_states": (2, {"state_interval": 1}, False),
+    "main_process_tail": (2, {}, True),
+}
+
+
+@pytest.mark.parametrize("k", [1, 2, 7, 20])
+@pytest.mark.parametrize("config", sorted(DIVERGENCE_CONFIGS))
+def test_a_divergence_anywhere_before_the_position_is_detected(
+    make_dl: Any, tmp_path: Any, config: str, k: int
+) -> None:
+    """The replay's running digest covers every item the user received: even the first item of
+    the epoch, changed, is caught at every position k >= 1."""
+    num_workers, options, main_tail = DIVERGENCE_CONFIGS[config]
+    marker = tmp_path / "changed"
+
+    def build() -> Any:
+        dp = ChangesOnceMarked(200, str(marker)).sharding_filter().map(double)
+        return NonReplicable(dp).map(double) if main_tail else dp
+
+    dl = make_dl(build(), rs(num_workers, **options))
+    head = take(iter(dl), k)
+    state = dl.state_dict()
+    same = DataLoader2.from_state(state, rs(num_workers, **options))
+    make_dl.created.append(same)
+    assert head + list(same) == list(make_dl(build(), rs(num_workers, **options))), "unchanged: exact"
+    marker.touch()
+    with pytest.raises(ReplayDivergenceError, match="not deterministic"):
+        list(restored(make_dl, state, rs(num_workers, **options)))
+
+
+@pytest.mark.parametrize("num_workers, k", [(2, 1), (2, 20), (0, 1), (0, 30)])
+def test_a_shard_order_no_seed_reproduces_is_detected_early_in_the_epoch(
+    make_dl: Any, num_workers: int, k: int
+) -> None:
+    dl = make_dl(SystemRandomOrder(100_000).sharding_filter(), rs(num_workers))
+    take(iter(dl), k)
+    with pytest.raises(ReplayDivergenceError, match="not deterministic"):
+        list(restored(make_dl, dl.state_dict(), rs(num_workers)))
+
+
+def test_a_checkpoint_always_restores_from_a_state_strictly_behind_the_user(make_dl: Any) -> None:
+    """With a state captured after every item, each checkpoint still picks one behind the user's
+    position, so that a restore replays (and checks) at least one item."""
+    dl = make_dl(pipeline("stateful_source", 200), rs(2, state_interval=1))
+    it = iter(dl)
+    for _ in range(40):
+        next(it)
+        for worker in dl.state_dict()["reading_service_state"]["workers"]:
+            if worker["state"] is not None:
+                assert worker["state"]["position"] < worker["delivered"]
+            assert (worker["digest"] is None) == (worker["delivered"] == 0)
+
+
+@pytest.mark.parametrize("k", [1, 4, 9, 30])
+def test_a_wrong_state_is_caught_even_when_captured_at_the_users_position(make_dl: Any, k: int) -> None:
+    """Defence in depth: a deliberately broken DataPipe state (it resumes one item too late) ends
+    in ReplayDivergenceError, not in wrong data, although a state was captured after every item.
+    (At k=1 no worker has a state behind its position: the restore replays from the start.)"""
+    build = lambda: OffByOneState(300).sharding_filter().map(double)  # noqa: E731
+    reference = list(make_dl(build(), rs(2)))
+    dl = make_dl(build(), rs(2, state_interval=1))
+    take(iter(dl), k)
+    again = restored(make_dl, dl.state_dict(), rs(2, state_interval=1))
+    if k == 1:
+        assert list(again) == reference[k:]
+        return
+    with pytest.raises(ReplayDivergenceError, match="not deterministic"):
+        list(again)
 
 
 def test_load_state_dict_after_iteration_started_is_refused(make_dl: Any) -> None:

@@ -1,6 +1,7 @@
 """The worker loop, driven in-process: requests go in a pipe, the loop runs, responses come out."""
 
 import threading
+from array import array
 from typing import Any, List, Optional
 
 import pytest
@@ -10,7 +11,7 @@ from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
 
 from torchdata_snapshot import messages as m
 from torchdata_snapshot.channel import ItemDecoder, make_pipe_pair
-from torchdata_snapshot.digest import item_digest
+from torchdata_snapshot.digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot.errors import ProtocolError, ReplayDivergenceError, StateCaptureError
 from torchdata_snapshot.options import BatchingOptions
 from torchdata_snapshot.worker import WorkerLoop, WorkerOptions
@@ -189,12 +190,12 @@ def test_a_failing_outbox_thread_reports_its_error_and_the_loop_exits(
 ) -> None:
     from torchdata_snapshot import outbox
 
-    def digest(item: Any) -> str:
-        if item == 3:
-            raise ValueError("cannot digest 3")
-        return item_digest(item)
+    def message(epoch: int, count: int, payload: bytes, digests: Any) -> m.ItemsResponse:
+        if ItemDecoder.decode(count, payload) == [3]:
+            raise ValueError("cannot write 3")
+        return m.ItemsResponse(epoch, count, payload, digests)
 
-    monkeypatch.setattr(outbox, "item_digest", digest)
+    monkeypatch.setattr(outbox, "ItemsResponse", message)
     channel, endpoint, _ = make_pipe_pair()
     options = WorkerOptions(batching=BatchingOptions(max_items=1))
     loop = WorkerLoop(IterableWrapper(range(10)), endpoint, WorkerInfo(1, 0), options=options)
@@ -206,7 +207,7 @@ def test_a_failing_outbox_thread_reports_its_error_and_the_loop_exits(
         responses.append(channel.recv(timeout_s=1))
     assert items_of(responses) == [0, 1, 2]
     assert isinstance(responses[-1], m.WorkerExceptionResponse)
-    with pytest.raises(ValueError, match="(?s)in the outbox thread of worker process 0.*cannot digest 3"):
+    with pytest.raises(ValueError, match="(?s)in the outbox thread of worker process 0.*cannot write 3"):
         responses[-1].exc.reraise()
 
 
@@ -380,34 +381,45 @@ def test_a_replay_drops_the_first_items_then_streams_the_rest() -> None:
     assert dp.pulled == 7
 
 
-def test_the_mark_of_a_batch_is_its_last_item_with_its_position() -> None:
+def running_digests(items: List[Any]) -> List[int]:
+    out, value = [], CHAIN_START
+    for item in items:
+        value = chain(value, item)
+        out.append(value)
+    return out
+
+
+def test_every_item_carries_the_running_digest_of_its_stream() -> None:
     responses = serve(
         IterableWrapper(range(10)), [reset(), m.GetNextRequest(0, 9)], BatchingOptions(max_items=2)
     )
-    position = 0
-    for batch in (r for r in responses if isinstance(r, m.ItemsResponse)):
-        position += batch.count
-        assert batch.mark == (position, item_digest(position - 1))
-    assert position == 9
+    batches = [r for r in responses if isinstance(r, m.ItemsResponse)]
+    assert [d for b in batches for d in array("Q", b.digests)] == running_digests(list(range(9)))
     off = serve(IterableWrapper(range(3)), [reset(), m.GetNextRequest(0, 3)], verify_replay=False)
-    assert [r.mark for r in off if isinstance(r, m.ItemsResponse)] == [None]
+    assert [r.digests for r in off if isinstance(r, m.ItemsResponse)] == [None]
 
 
-def test_a_replay_is_checked_against_the_recorded_digest() -> None:
-    good = serve(IterableWrapper(range(10)), [reset(), m.ReplayRequest(0, 5, (3, item_digest(2)))])
+def test_a_replay_is_checked_against_the_recorded_running_digest() -> None:
+    recorded = chain_hex(running_digests(list(range(5)))[-1])
+    good = serve(IterableWrapper(range(10)), [reset(), m.ReplayRequest(0, 5, recorded)])
     assert good[1] == m.ReplayResponse(0, 5)
-    bad = serve(IterableWrapper(range(10)), [reset(), m.ReplayRequest(0, 5, (3, item_digest(99)))])
+    other = chain_hex(running_digests([0, 1, 2, 3, 99])[-1])
+    bad = serve(IterableWrapper(range(10)), [reset(), m.ReplayRequest(0, 5, other)])
     assert isinstance(bad[1], m.ErrorResponse)
     with pytest.raises(
-        ReplayDivergenceError, match="item 3 of epoch 0 replayed with digest .* not deterministic"
+        ReplayDivergenceError, match=r"items 1\.\.5 of epoch 0 replayed differently .* not deterministic"
     ):
         bad[1].exc.reraise()
     unchecked = serve(
-        IterableWrapper(range(10)),
-        [reset(), m.ReplayRequest(0, 5, (3, item_digest(99)))],
-        verify_replay=False,
+        IterableWrapper(range(10)), [reset(), m.ReplayRequest(0, 5, other)], verify_replay=False
     )
     assert unchecked[1] == m.ReplayResponse(0, 5), "verify_replay=False turns the check off"
+
+
+def test_after_a_replay_the_running_digest_goes_on_from_the_replayed_items() -> None:
+    responses = serve(IterableWrapper(range(10)), [reset(), m.ReplayRequest(0, 4), m.GetNextRequest(0, 3)])
+    batches = [r for r in responses if isinstance(r, m.ItemsResponse)]
+    assert [d for b in batches for d in array("Q", b.digests)] == running_digests(list(range(7)))[4:]
 
 
 def test_a_replay_past_the_end_of_the_stream_is_a_divergence() -> None:
