@@ -75,6 +75,16 @@ def test_exact_resume_with_other_start_methods(
     check_contract(resumer, config, resolve_positions(config, positions))
 
 
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("via", ["from_state", "load_state_dict"])
+def test_cycle_after_sharding_resumes_exactly_from_captured_states(
+    resumer: Resumer, via: str, context: str
+) -> None:
+    """The second pass of cycle() iterates the sharding filter afresh, not from the loaded state."""
+    config = Config("sharding_under_cycle", 3, context=context, rs_options=(("state_interval", 3),))
+    check_contract(resumer, config, resolve_positions(config, ["one", "middle"]), via=via)
+
+
 @pytest.mark.parametrize("through", ["torch", "pickle"])
 @pytest.mark.parametrize("via", ["from_state", "load_state_dict"])
 def test_every_way_to_save_and_load(resumer: Resumer, through: str, via: str) -> None:
