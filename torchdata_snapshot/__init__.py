@@ -7,7 +7,7 @@ Swap one import::
 and every upstream behaviour keeps working, plus :meth:`MultiProcessingReadingService.snapshot`.
 """
 
-from torchdata_snapshot.errors import (
+from torchdata_snapshot._errors import (
     CheckpointError,
     IncompatibleCheckpointError,
     InvalidCheckpointError,
@@ -21,10 +21,10 @@ from torchdata_snapshot.errors import (
     WorkerError,
     WorkerTimeoutError,
 )
-from torchdata_snapshot.options import BatchingOptions
-from torchdata_snapshot.reading_service import MultiProcessingReadingService
-from torchdata_snapshot.snapshot import WorkerSnapshot
-from torchdata_snapshot.stateful import register_state_functions
+from torchdata_snapshot._options import BatchingOptions
+from torchdata_snapshot._reading_service import MultiProcessingReadingService
+from torchdata_snapshot._snapshot import WorkerSnapshot
+from torchdata_snapshot._stateful import register_state_functions
 
 __version__ = "0.1.0"
 

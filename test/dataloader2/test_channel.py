@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from torchdata_snapshot.channel import (
+from torchdata_snapshot._channel import (
     ItemDecoder,
     ItemEncoder,
     ParentGone,
@@ -17,7 +17,7 @@ from torchdata_snapshot.channel import (
     describe_exit,
     make_pipe_pair,
 )
-from torchdata_snapshot.errors import WorkerDiedError, WorkerTimeoutError
+from torchdata_snapshot._errors import WorkerDiedError, WorkerTimeoutError
 
 FORK = multiprocessing.get_context("fork")
 

@@ -12,15 +12,15 @@ from pipelines import double, is_even
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import IterableWrapper
 
-from torchdata_snapshot.checkpoint import (
+from torchdata_snapshot._checkpoint import (
     FORMAT,
     FORMAT_VERSION,
     Checkpoint,
     WorkerPosition,
     graph_fingerprint,
 )
-from torchdata_snapshot.errors import IncompatibleCheckpointError, InvalidCheckpointError
-from torchdata_snapshot.seeds import seed_state
+from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
+from torchdata_snapshot._seeds import seed_state
 
 
 def example(**changes: Any) -> Checkpoint:
@@ -78,7 +78,7 @@ def test_the_state_survives_torch_save_with_weights_only_and_pickle() -> None:
 def corrupt(edit: Callable[[Dict[str, Any]], Any], keep_checksum: bool = False) -> Dict[str, Any]:
     """Edit a valid state; unless ``keep_checksum``, recompute the checksum so that only the
     schema check stands between the edit and use."""
-    from torchdata_snapshot.checkpoint import _checksum
+    from torchdata_snapshot._checkpoint import _checksum
 
     plain = example().to_plain()
     edit(plain)
@@ -158,7 +158,7 @@ def test_the_fingerprint_follows_the_structure_of_the_pipeline() -> None:
 
 def version_1(plain: Dict[str, Any]) -> Dict[str, Any]:
     """``plain`` as the first format wrote it: one mark (position, item digest) instead of digests."""
-    from torchdata_snapshot.checkpoint import _checksum
+    from torchdata_snapshot._checkpoint import _checksum
 
     old = {key: value for key, value in plain.items() if key not in ("digest", "checksum")}
     old["version"] = 1

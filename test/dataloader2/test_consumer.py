@@ -8,12 +8,12 @@ from torchdata.dataloader2.random import SeedGenerator
 from torchdata.dataloader2.utils import WorkerInfo
 from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
 
-from torchdata_snapshot.channel import make_pipe_pair
-from torchdata_snapshot.checkpoint import WorkerPosition
-from torchdata_snapshot.consumer import WorkerConsumer, credit_window
-from torchdata_snapshot.errors import ReadingServiceClosedError
-from torchdata_snapshot.options import BatchingOptions
-from torchdata_snapshot.worker import WorkerLoop, WorkerOptions
+from torchdata_snapshot._channel import make_pipe_pair
+from torchdata_snapshot._checkpoint import WorkerPosition
+from torchdata_snapshot._consumer import WorkerConsumer, credit_window
+from torchdata_snapshot._errors import ReadingServiceClosedError
+from torchdata_snapshot._options import BatchingOptions
+from torchdata_snapshot._worker import WorkerLoop, WorkerOptions
 
 
 class Running:
@@ -226,7 +226,7 @@ def test_the_handoff_names_the_worker_of_every_item(running) -> None:  # type: i
 
 
 def test_the_running_digest_is_known_at_every_position_the_user_may_reach(running) -> None:  # type: ignore[no-untyped-def]
-    from torchdata_snapshot.digest import CHAIN_START, chain, chain_hex
+    from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
 
     r = running([IterableWrapper(range(10))], window=16, max_items=3)
     r.consumer.user_position = [0]  # as an Outlet tracks it: nothing may be dropped yet

@@ -12,7 +12,7 @@ import numpy
 import pytest
 import torch
 
-from torchdata_snapshot.digest import SAMPLE_BYTES, item_digest
+from torchdata_snapshot._digest import SAMPLE_BYTES, item_digest
 
 Point = namedtuple("Point", "x y")
 
@@ -72,7 +72,7 @@ _CHILD = """
 import sys, pickle
 sys.path.insert(0, {path!r})
 from test_digest import samples
-from torchdata_snapshot.digest import item_digest
+from torchdata_snapshot._digest import item_digest
 print(",".join(item_digest(x) for x in samples()))
 """
 

@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from torchdata_snapshot import errors
+from torchdata_snapshot import _errors as errors
 
 
 def test_every_error_is_a_reading_service_error_and_a_runtime_error() -> None:

@@ -234,7 +234,7 @@ def test_shutdown_from_another_thread_during_a_snapshot(make_dl: Any, tmp_path: 
 
 
 def test_an_interrupted_read_never_continues_silently() -> None:
-    from torchdata_snapshot.consumer import WorkerConsumer
+    from torchdata_snapshot._consumer import WorkerConsumer
 
     consumer = WorkerConsumer([], window=1)
     consumer.broken = "KeyboardInterrupt while waiting for an item"

@@ -10,10 +10,10 @@ import pytest
 from torch.utils.data import IterDataPipe
 from torchdata.datapipes.iter import IterableWrapper
 
-from torchdata_snapshot.digest import CHAIN_START, chain, chain_hex
-from torchdata_snapshot.errors import ReplayDivergenceError
-from torchdata_snapshot.outlet import Outlet
-from torchdata_snapshot.rng import IsolatedRNG
+from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
+from torchdata_snapshot._errors import ReplayDivergenceError
+from torchdata_snapshot._outlet import Outlet
+from torchdata_snapshot._rng import IsolatedRNG
 
 
 class Tagged(IterDataPipe):

@@ -8,7 +8,7 @@ from typing import List, Tuple
 import numpy
 import torch
 
-from torchdata_snapshot.rng import IsolatedRNG
+from torchdata_snapshot._rng import IsolatedRNG
 
 
 def draw() -> Tuple[float, float, float]:

@@ -8,8 +8,8 @@ import json
 import pytest
 from torchdata.dataloader2.random import SeedGenerator
 
-from torchdata_snapshot.errors import InvalidCheckpointError
-from torchdata_snapshot.seeds import check_seed_state, load_seed_state, seed_state
+from torchdata_snapshot._errors import InvalidCheckpointError
+from torchdata_snapshot._seeds import check_seed_state, load_seed_state, seed_state
 
 
 def advanced(seed: int) -> SeedGenerator:

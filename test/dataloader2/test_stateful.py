@@ -17,8 +17,8 @@ from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import FileLister, IterableWrapper, IterDataPipe
 
 from torchdata_snapshot import StateRestoreError, register_state_functions
-from torchdata_snapshot.snapshot import graph_datapipes
-from torchdata_snapshot.stateful import (
+from torchdata_snapshot._snapshot import graph_datapipes
+from torchdata_snapshot._stateful import (
     capture_graph_state,
     load_graph_state,
     make_resumable,
@@ -159,7 +159,7 @@ def test_unknown_datapipes_keep_the_graph_on_replay_until_registered() -> None:
     try:
         assert unresumable_datapipe(Opaque(5).map(double)) is None
     finally:
-        from torchdata_snapshot.stateful import _STATE_FUNCTIONS
+        from torchdata_snapshot._stateful import _STATE_FUNCTIONS
 
         del _STATE_FUNCTIONS[Opaque]
 

@@ -9,12 +9,12 @@ from torchdata.dataloader2.random import SeedGenerator
 from torchdata.dataloader2.utils import WorkerInfo
 from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
 
-from torchdata_snapshot import messages as m
-from torchdata_snapshot.channel import ItemDecoder, make_pipe_pair
-from torchdata_snapshot.digest import CHAIN_START, chain, chain_hex
-from torchdata_snapshot.errors import ProtocolError, ReplayDivergenceError, StateCaptureError
-from torchdata_snapshot.options import BatchingOptions
-from torchdata_snapshot.worker import WorkerLoop, WorkerOptions
+from torchdata_snapshot import _messages as m
+from torchdata_snapshot._channel import ItemDecoder, make_pipe_pair
+from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
+from torchdata_snapshot._errors import ProtocolError, ReplayDivergenceError, StateCaptureError
+from torchdata_snapshot._options import BatchingOptions
+from torchdata_snapshot._worker import WorkerLoop, WorkerOptions
 
 
 def serve(
@@ -188,7 +188,7 @@ class FooRequest(m.Request):
 def test_a_failing_outbox_thread_reports_its_error_and_the_loop_exits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from torchdata_snapshot import outbox
+    from torchdata_snapshot import _outbox as outbox
 
     def message(epoch: int, count: int, payload: bytes, digests: Any) -> m.ItemsResponse:
         if ItemDecoder.decode(count, payload) == [3]:
@@ -431,7 +431,7 @@ def test_a_replay_past_the_end_of_the_stream_is_a_divergence() -> None:
 
 
 def test_a_long_replay_reports_progress(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchdata_snapshot import worker
+    from torchdata_snapshot import _worker as worker
 
     monkeypatch.setattr(worker, "REPLAY_HEARTBEAT_S", 0.0)
     responses = serve(IterableWrapper(range(10)), [reset(), m.ReplayRequest(0, 3)])
@@ -493,7 +493,7 @@ class Timed(IterDataPipe):
 def test_captures_are_paced_by_production_time_not_by_waits_for_credit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from torchdata_snapshot import worker
+    from torchdata_snapshot import _worker as worker
 
     clock = FakeClock()
     monkeypatch.setattr(worker, "time", clock)

@@ -31,9 +31,9 @@ from typing import Any, Deque, Optional, Tuple
 
 from torchdata._utils import ExceptionWrapper
 
-from torchdata_snapshot.channel import Endpoint, ParentGone
-from torchdata_snapshot.messages import ItemsResponse, WorkerExceptionResponse
-from torchdata_snapshot.options import BatchingOptions
+from torchdata_snapshot._channel import Endpoint, ParentGone
+from torchdata_snapshot._messages import ItemsResponse, WorkerExceptionResponse
+from torchdata_snapshot._options import BatchingOptions
 
 __all__ = ["Outbox"]
 

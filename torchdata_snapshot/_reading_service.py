@@ -2,8 +2,8 @@
 
 The reading service only orchestrates: it splits the graph (replicable branch to the workers,
 non-replicable tail in the main process), starts the processes, and drives them through
-:class:`~torchdata_snapshot.consumer.WorkerConsumer`. The protocol is described in
-NOTE [ Snapshot protocol ] (:mod:`torchdata_snapshot.worker`).
+:class:`~torchdata_snapshot._consumer.WorkerConsumer`. The protocol is described in
+NOTE [ Snapshot protocol ] (:mod:`torchdata_snapshot._worker`).
 """
 
 from __future__ import annotations
@@ -28,17 +28,17 @@ from torchdata.dataloader2.utils.worker import process_init_fn, process_reset_fn
 from torchdata.datapipes.iter import FullSync as FullSyncIterDataPipe
 from torchdata.datapipes.iter import Prefetcher as PrefetcherIterDataPipe
 
-from torchdata_snapshot.channel import Channel, describe_exit, make_pipe_pair
-from torchdata_snapshot.checkpoint import Checkpoint, WorkerPosition, graph_fingerprint
-from torchdata_snapshot.consumer import CONTROL_TIMEOUT_S, WorkerConsumer, credit_window
-from torchdata_snapshot.dispatch import run_dispatcher
-from torchdata_snapshot.errors import (
+from torchdata_snapshot._channel import Channel, describe_exit, make_pipe_pair
+from torchdata_snapshot._checkpoint import Checkpoint, WorkerPosition, graph_fingerprint
+from torchdata_snapshot._consumer import CONTROL_TIMEOUT_S, WorkerConsumer, credit_window
+from torchdata_snapshot._dispatch import run_dispatcher
+from torchdata_snapshot._errors import (
     ProtocolError,
     ReadingServiceClosedError,
     ReadingServiceError,
     WorkerDiedError,
 )
-from torchdata_snapshot.messages import (
+from torchdata_snapshot._messages import (
     ErrorResponse,
     GetStateRequest,
     GetStateResponse,
@@ -53,11 +53,11 @@ from torchdata_snapshot.messages import (
     TerminateRequest,
     TerminateResponse,
 )
-from torchdata_snapshot.options import BatchingOptions
-from torchdata_snapshot.outlet import Outlet
-from torchdata_snapshot.rng import IsolatedRNG
-from torchdata_snapshot.seeds import load_seed_state, seed_state
-from torchdata_snapshot.snapshot import (
+from torchdata_snapshot._options import BatchingOptions
+from torchdata_snapshot._outlet import Outlet
+from torchdata_snapshot._rng import IsolatedRNG
+from torchdata_snapshot._seeds import load_seed_state, seed_state
+from torchdata_snapshot._snapshot import (
     WorkerSnapshot,
     capture_datapipe_states,
     datapipe_yields,
@@ -65,7 +65,7 @@ from torchdata_snapshot.snapshot import (
     pausable,
     paused,
 )
-from torchdata_snapshot.worker import WorkerOptions, run_worker
+from torchdata_snapshot._worker import WorkerOptions, run_worker
 
 __all__ = ["JOIN_TIMEOUT_S", "MultiProcessingReadingService"]
 
@@ -164,7 +164,7 @@ class MultiProcessingReadingService(
             ``sharding_round_robin_dispatch``; a ``pause_fn``/``limit_fn`` applied to the dead
             worker's graph is not applied again.
         state_interval: stateful restore: when every DataPipe of a worker's graph can report and
-            load its state (:mod:`torchdata_snapshot.stateful`), the worker captures it at least
+            load its state (:mod:`torchdata_snapshot._stateful`), the worker captures it at least
             every ``state_interval`` items (more often when capturing takes under 1% of its time)
             and a restore loads the latest one instead of replaying the epoch, so its cost does
             not grow with the position. ``0`` turns capturing off.
@@ -528,7 +528,8 @@ class MultiProcessingReadingService(
     # --- checkpoint / restore -------------------------------------------------------------------
 
     def checkpoint(self) -> Dict[str, Any]:
-        """The state ``DataLoader2.state_dict()`` stores: versioned plain data (see :mod:`.checkpoint`).
+        """The state ``DataLoader2.state_dict()`` stores: versioned plain data (see
+        :mod:`torchdata_snapshot._checkpoint`).
 
         It describes what the *user* received: the epoch, its seeds, and per worker how many of
         its items reached the user. Taking it does not talk to the workers, does not pause

@@ -3,7 +3,7 @@
 :class:`WorkerConsumer` replaces upstream's ``_IterateQueueDataPipes`` (and the ``QueueWrapper``
 per worker). It is the DataPipe that stands, in the main process's graph, where the replicable
 branch was; it hands out the workers' items in a fixed round-robin order and keeps, per worker,
-the counters of NOTE [ Snapshot protocol ] (see :mod:`torchdata_snapshot.worker`).
+the counters of NOTE [ Snapshot protocol ] (see :mod:`torchdata_snapshot._worker`).
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ from torch.utils.data import IterDataPipe
 from torchdata._utils import ExceptionWrapper
 from torchdata.dataloader2.graph import DataPipe
 
-from torchdata_snapshot.channel import Channel, ItemDecoder
-from torchdata_snapshot.checkpoint import GraphState, WorkerPosition
-from torchdata_snapshot.digest import chain_hex, parse_chain_hex
-from torchdata_snapshot.errors import (
+from torchdata_snapshot._channel import Channel, ItemDecoder
+from torchdata_snapshot._checkpoint import GraphState, WorkerPosition
+from torchdata_snapshot._digest import chain_hex, parse_chain_hex
+from torchdata_snapshot._errors import (
     ProtocolError,
     ReadingServiceClosedError,
     ReadingServiceError,
     WorkerDiedError,
     WorkerError,
 )
-from torchdata_snapshot.messages import (
+from torchdata_snapshot._messages import (
     ErrorResponse,
     GetNextRequest,
     GetStateRequest,
@@ -51,7 +51,7 @@ from torchdata_snapshot.messages import (
     TerminateResponse,
     WorkerExceptionResponse,
 )
-from torchdata_snapshot.snapshot import WorkerSnapshot
+from torchdata_snapshot._snapshot import WorkerSnapshot
 
 __all__ = ["CONTROL_TIMEOUT_S", "TERMINATE_LOCK_WAIT_S", "WorkerConsumer", "credit_window"]
 

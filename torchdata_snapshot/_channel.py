@@ -29,7 +29,7 @@ from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from torchdata_snapshot.errors import WorkerDiedError, WorkerTimeoutError
+from torchdata_snapshot._errors import WorkerDiedError, WorkerTimeoutError
 
 __all__ = [
     "LIVENESS_CHECK_INTERVAL_S",

@@ -5,7 +5,7 @@ They sit beside upstream's ``torchdata.dataloader2.communication.messages`` (and
 with the requests the RFC asked for (``GetStateRequest``/``GetStateResponse``) and what streaming
 and restore need. Every message is a small frozen dataclass.
 
-See ``NOTE [ Snapshot protocol ]`` in :mod:`torchdata_snapshot.worker` for who sends what, when.
+See ``NOTE [ Snapshot protocol ]`` in :mod:`torchdata_snapshot._worker` for who sends what, when.
 
 Data moves in batches: a ``GetNextRequest(count=n)`` grants the receiver the right to send ``n``
 more items, and items come back as ``ItemsResponse`` batches, each item pickled on its own so
@@ -81,7 +81,7 @@ class ReplayRequest(Request):
 
     With ``state = (position, blob)`` the graph is first loaded with the state it had after its
     ``position``-th item (stateful restore) and ``skip`` counts from there; ``state_digest`` is
-    the stream's running digest at that position (see :mod:`torchdata_snapshot.digest`).
+    the stream's running digest at that position (see :mod:`torchdata_snapshot._digest`).
     ``digest`` is the running digest the checkpoint recorded after the last replayed item: the
     replay must end with the same one, or the reply is a ``ReplayDivergenceError``. It is a
     request of its own, sent after the dispatching process (if any) was reset too, because a
@@ -130,9 +130,9 @@ class GetNextRequest(Request):
 @dataclass(frozen=True)
 class ItemsResponse(Response):
     """``count`` items of epoch ``epoch``, in order, pickled one after the other into ``payload``
-    (see :class:`~torchdata_snapshot.channel.ItemEncoder`). With replay verification on,
+    (see :class:`~torchdata_snapshot._channel.ItemEncoder`). With replay verification on,
     ``digests`` holds the stream's running digest after each of them, as ``count`` native
-    unsigned 64-bit integers (``array("Q")``; see :mod:`torchdata_snapshot.digest`)."""
+    unsigned 64-bit integers (``array("Q")``; see :mod:`torchdata_snapshot._digest`)."""
 
     epoch: int
     count: int
@@ -143,7 +143,7 @@ class ItemsResponse(Response):
 @dataclass(frozen=True)
 class StateMarkResponse(Response):
     """The state of the worker's whole graph right after it produced its ``position``-th item of
-    epoch ``epoch`` (see :mod:`torchdata_snapshot.stateful`), sent right behind that item; how
+    epoch ``epoch`` (see :mod:`torchdata_snapshot._stateful`), sent right behind that item; how
     often is paced by the worker (see ``WorkerLoop._capture_state``)."""
 
     epoch: int
@@ -172,7 +172,7 @@ class WorkerExceptionResponse(Response):
 class ErrorResponse(Response):
     """A request could not be served: unknown request type, or its handler failed.
 
-    ``exc`` is re-raised by the receiver (a :mod:`torchdata_snapshot.errors` type, or the user's
+    ``exc`` is re-raised by the receiver (a :mod:`torchdata_snapshot._errors` type, or the user's
     exception with the worker's traceback). The loop keeps serving afterwards.
     """
 

@@ -21,7 +21,7 @@ Keys (``Checkpoint.to_plain()``)::
     delivered     items the user received in this epoch
     replay_in_main  true when the main process replays ``delivered`` items itself (num_workers=0,
                   or a main-process tail that is not one-to-one); the workers then restart at 0
-    digest        running digest (16 hex digits, see ``torchdata_snapshot.digest``) of the
+    digest        running digest (16 hex digits, see ``torchdata_snapshot._digest``) of the
                   ``delivered`` items (main-process replay), or None
     workers       per worker: {"delivered": items of its stream the user received,
                                "digest": the stream's running digest after them, or None,
@@ -45,9 +45,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from torchdata.dataloader2.graph import DataPipe, traverse_dps
 
-from torchdata_snapshot.errors import IncompatibleCheckpointError, InvalidCheckpointError
-from torchdata_snapshot.seeds import check_seed_state
-from torchdata_snapshot.snapshot import describe_datapipe
+from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
+from torchdata_snapshot._seeds import check_seed_state
+from torchdata_snapshot._snapshot import describe_datapipe
 
 __all__ = [
     "FORMAT",

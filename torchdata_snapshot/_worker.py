@@ -5,7 +5,7 @@ NOTE [ Snapshot protocol ]
 
 Processes and pipes
 -------------------
-The main process owns one :class:`~torchdata_snapshot.channel.Channel` per worker: a request
+The main process owns one :class:`~torchdata_snapshot._channel.Channel` per worker: a request
 pipe (main -> worker) and a response pipe (worker -> main). Each pipe has exactly one writer,
 so the order in which a worker sends its responses is the order in which main reads them; data
 and control responses share the response pipe, and a control response therefore marks an exact
@@ -16,7 +16,7 @@ Streaming under credit
 Upstream sends one ``GetNextRequest`` per item and waits for its answer. Here the main process
 grants *credit*: ``GetNextRequest(epoch, count)`` allows the worker to send ``count`` more items.
 The worker loop produces while it has credit and hands each item, pickled, to its outbox (see
-:mod:`torchdata_snapshot.outbox`): one thread that writes everything the worker sends, in order,
+:mod:`torchdata_snapshot._outbox`): one thread that writes everything the worker sends, in order,
 as ``ItemsResponse`` batches of whatever has accumulated (bounded by count and bytes, see
 :class:`BatchingOptions`), so no item waits for a slow next one. The main process keeps at most
 a window of ``worker_prefetch_cnt + ceil(main_prefetch_cnt / num_workers) + 1`` items
@@ -69,8 +69,8 @@ Checkpoint and restore
 last DataPipe) pops, for every item it hands to the user, the worker id the consumer pushed when
 it handed that item downstream; so the user's position in each worker's stream is known exactly
 whatever the main-process tail buffers. Each ``ItemsResponse`` carries the worker's running
-digest after each of its items (see :mod:`torchdata_snapshot.digest`). A stateful graph (see
-:mod:`torchdata_snapshot.stateful`) also sends ``StateMarkResponse(position, state)`` right
+digest after each of its items (see :mod:`torchdata_snapshot._digest`). A stateful graph (see
+:mod:`torchdata_snapshot._stateful`) also sends ``StateMarkResponse(position, state)`` right
 behind an item, as often as ``CAPTURE_TIME_BUDGET`` of its production time allows and at most
 every ``state_interval`` items. The checkpoint keeps, per worker, the running digest at the
 user's position and the latest state strictly behind it (so that a restore always replays, and
@@ -112,7 +112,7 @@ from torchdata.dataloader2.utils import WorkerInfo
 from torchdata.dataloader2.utils.dispatch import _DummyIterDataPipe, find_non_dispatching_branches
 from torchdata.dataloader2.utils.worker import process_reset_fn
 
-from torchdata_snapshot.channel import (
+from torchdata_snapshot._channel import (
     LIVENESS_CHECK_INTERVAL_S,
     Channel,
     Endpoint,
@@ -120,10 +120,10 @@ from torchdata_snapshot.channel import (
     ParentGone,
     ParentWatch,
 )
-from torchdata_snapshot.digest import CHAIN_START, chain, chain_hex, parse_chain_hex
-from torchdata_snapshot.dispatch import DispatchedSource, find_dispatched_sources
-from torchdata_snapshot.errors import ProtocolError, ReplayDivergenceError, StateCaptureError
-from torchdata_snapshot.messages import (
+from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex, parse_chain_hex
+from torchdata_snapshot._dispatch import DispatchedSource, find_dispatched_sources
+from torchdata_snapshot._errors import ProtocolError, ReplayDivergenceError, StateCaptureError
+from torchdata_snapshot._messages import (
     ErrorResponse,
     GetNextRequest,
     GetStateRequest,
@@ -146,9 +146,9 @@ from torchdata_snapshot.messages import (
     TerminateResponse,
     WorkerExceptionResponse,
 )
-from torchdata_snapshot.options import BatchingOptions
-from torchdata_snapshot.outbox import Outbox
-from torchdata_snapshot.snapshot import (
+from torchdata_snapshot._options import BatchingOptions
+from torchdata_snapshot._outbox import Outbox
+from torchdata_snapshot._snapshot import (
     WorkerSnapshot,
     capture_datapipe_states,
     datapipe_yields,
@@ -156,7 +156,7 @@ from torchdata_snapshot.snapshot import (
     pausable,
     paused,
 )
-from torchdata_snapshot.stateful import (
+from torchdata_snapshot._stateful import (
     capture_graph_state,
     load_graph_state,
     make_resumable,
@@ -244,7 +244,7 @@ class WorkerLoop:
         self.exhausted = False
         self.paused = False
         self.terminated = False
-        # Stateful restore (see torchdata_snapshot.stateful): capture the graph's state at most
+        # Stateful restore (see torchdata_snapshot._stateful): capture the graph's state at most
         # every `state_interval` items when every DataPipe of the graph can resume from a state.
         self.stateful = False
         self._next_capture = options.state_interval  # produced count at which to capture next

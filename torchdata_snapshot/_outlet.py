@@ -5,7 +5,7 @@ prefetching, everything upstream of the outlet runs ahead. The outlet counts wha
 notes when ``StopIteration`` reached the user, and keeps the position in each worker's stream
 that the user reached:
 
-* the :class:`~torchdata_snapshot.consumer.WorkerConsumer` pushes the worker id of every item it
+* the :class:`~torchdata_snapshot._consumer.WorkerConsumer` pushes the worker id of every item it
   hands downstream into ``handoff``; when the main-process tail is one-to-one (no tail, or
   ``map``, ``fullsync``, ``prefetch``, ``pin_memory``) the outlet pops one id per item it hands
   to the user, so ``worker_delivered[i]`` is exactly how far the user got into worker ``i``'s
@@ -13,7 +13,7 @@ that the user reached:
 * otherwise (``num_workers=0``, or a tail that batches or filters) positions in the workers'
   streams cannot be told from the user's count, and a restore replays the epoch *in the main
   process*: the outlet drops the first ``skip`` items of the resumed epoch before handing any out.
-  It then keeps the running digest of what it handed out (see :mod:`torchdata_snapshot.digest`),
+  It then keeps the running digest of what it handed out (see :mod:`torchdata_snapshot._digest`),
   which the replay must reproduce.
 """
 
@@ -25,9 +25,9 @@ from typing import Any, Deque, Iterator, List, Optional
 from torch.utils.data import IterDataPipe
 from torchdata.dataloader2.graph import DataPipe
 
-from torchdata_snapshot.digest import CHAIN_START, chain, chain_hex
-from torchdata_snapshot.errors import ReplayDivergenceError
-from torchdata_snapshot.rng import IsolatedRNG
+from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
+from torchdata_snapshot._errors import ReplayDivergenceError
+from torchdata_snapshot._rng import IsolatedRNG
 
 __all__ = ["Outlet"]
 

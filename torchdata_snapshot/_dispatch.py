@@ -31,7 +31,7 @@ from torchdata.dataloader2.graph._serialization import extract_wrapper
 from torchdata.dataloader2.utils import WorkerInfo
 from torchdata.dataloader2.utils.worker import process_reset_fn
 
-from torchdata_snapshot.channel import (
+from torchdata_snapshot._channel import (
     LIVENESS_CHECK_INTERVAL_S,
     Channel,
     Endpoint,
@@ -41,8 +41,8 @@ from torchdata_snapshot.channel import (
     ParentWatch,
     wait_any,
 )
-from torchdata_snapshot.errors import ProtocolError, ReadingServiceError
-from torchdata_snapshot.messages import (
+from torchdata_snapshot._errors import ProtocolError, ReadingServiceError
+from torchdata_snapshot._messages import (
     ErrorResponse,
     GetNextRequest,
     GetStateRequest,
@@ -62,8 +62,8 @@ from torchdata_snapshot.messages import (
     TerminateResponse,
     WorkerExceptionResponse,
 )
-from torchdata_snapshot.options import BatchingOptions
-from torchdata_snapshot.snapshot import (
+from torchdata_snapshot._options import BatchingOptions
+from torchdata_snapshot._snapshot import (
     WorkerSnapshot,
     capture_datapipe_states,
     datapipe_yields,

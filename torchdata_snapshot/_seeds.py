@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 
 from torchdata.dataloader2.random import SeedGenerator
 
-from torchdata_snapshot.errors import InvalidCheckpointError
+from torchdata_snapshot._errors import InvalidCheckpointError
 
 __all__ = ["check_seed_state", "load_seed_state", "seed_state"]
 

@@ -9,7 +9,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 
 from torchdata.dataloader2.graph import DataPipe, list_dps, traverse_dps
 
-from torchdata_snapshot.errors import StateCaptureError
+from torchdata_snapshot._errors import StateCaptureError
 
 __all__ = [
     "WorkerSnapshot",

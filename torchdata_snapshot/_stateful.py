@@ -68,9 +68,9 @@ from torchdata.datapipes.iter import Cycler as CyclerIterDataPipe
 from torchdata.datapipes.iter import FlatMapper as FlatMapperIterDataPipe
 from torchdata.datapipes.iter import Header as HeaderIterDataPipe
 
-from torchdata_snapshot.errors import StateCaptureError, StateRestoreError
-from torchdata_snapshot.rng import capture_global_rng, install_global_rng
-from torchdata_snapshot.snapshot import capture_datapipe_states, describe_datapipe, graph_datapipes
+from torchdata_snapshot._errors import StateCaptureError, StateRestoreError
+from torchdata_snapshot._rng import capture_global_rng, install_global_rng
+from torchdata_snapshot._snapshot import capture_datapipe_states, describe_datapipe, graph_datapipes
 
 __all__ = [
     "ADAPTERS",
