@@ -15,11 +15,11 @@ from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Type
 
 from torch.utils.data import IterDataPipe
-from torchdata._utils import ExceptionWrapper
 from torchdata.dataloader2.graph import DataPipe
 
 from torchdata_snapshot._channel import Channel, ItemDecoder
 from torchdata_snapshot._checkpoint import GraphState, WorkerPosition
+from torchdata_snapshot._compat import ExceptionWrapper
 from torchdata_snapshot._digest import chain_hex, parse_chain_hex
 from torchdata_snapshot._errors import (
     ProtocolError,

@@ -25,11 +25,8 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequenc
 
 import torch
 from torch.utils.data import IterDataPipe
-from torchdata._utils import ExceptionWrapper
 from torchdata.dataloader2.graph import DataPipe, find_dps, traverse_dps
-from torchdata.dataloader2.graph._serialization import extract_wrapper
 from torchdata.dataloader2.utils import WorkerInfo
-from torchdata.dataloader2.utils.worker import process_reset_fn
 
 from torchdata_snapshot._channel import (
     LIVENESS_CHECK_INTERVAL_S,
@@ -41,6 +38,7 @@ from torchdata_snapshot._channel import (
     ParentWatch,
     wait_any,
 )
+from torchdata_snapshot._compat import ExceptionWrapper, extract_wrapper, process_reset_fn
 from torchdata_snapshot._errors import ProtocolError, ReadingServiceError
 from torchdata_snapshot._messages import (
     ErrorResponse,

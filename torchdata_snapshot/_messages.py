@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple
 
-from torchdata._utils import ExceptionWrapper
-from torchdata.dataloader2.communication import messages as upstream
+from torchdata_snapshot._compat import ExceptionWrapper
+from torchdata_snapshot._compat import upstream_messages as upstream
 
 __all__ = [
     "ErrorResponse",

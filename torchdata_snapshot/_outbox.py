@@ -29,9 +29,8 @@ from array import array
 from collections import deque
 from typing import Any, Deque, Optional, Tuple
 
-from torchdata._utils import ExceptionWrapper
-
 from torchdata_snapshot._channel import Endpoint, ParentGone
+from torchdata_snapshot._compat import ExceptionWrapper
 from torchdata_snapshot._messages import ItemsResponse, WorkerExceptionResponse
 from torchdata_snapshot._options import BatchingOptions
 

@@ -18,18 +18,22 @@ import torch.multiprocessing as mp
 from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
 from torchdata.dataloader2 import reading_service as upstream
 from torchdata.dataloader2.graph import DataPipe, list_dps, replace_dp, set_graph_random_seed, traverse_dps
-from torchdata.dataloader2.graph._serialization import attach_wrapper
-from torchdata.dataloader2.graph.utils import _find_replicable_branches
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.dataloader2.reading_service import CheckpointableReadingServiceInterface
 from torchdata.dataloader2.utils import WorkerInfo
-from torchdata.dataloader2.utils.dispatch import _DummyIterDataPipe, find_lca_round_robin_sharding_dp
-from torchdata.dataloader2.utils.worker import process_init_fn, process_reset_fn
 from torchdata.datapipes.iter import FullSync as FullSyncIterDataPipe
 from torchdata.datapipes.iter import Prefetcher as PrefetcherIterDataPipe
 
 from torchdata_snapshot._channel import Channel, describe_exit, make_pipe_pair
 from torchdata_snapshot._checkpoint import Checkpoint, WorkerPosition, graph_fingerprint
+from torchdata_snapshot._compat import (
+    DispatchPlaceholder,
+    attach_wrapper,
+    find_lca_round_robin_sharding_dp,
+    find_replicable_branches,
+    process_init_fn,
+    process_reset_fn,
+)
 from torchdata_snapshot._consumer import CONTROL_TIMEOUT_S, WorkerConsumer, credit_window
 from torchdata_snapshot._dispatch import run_dispatcher
 from torchdata_snapshot._errors import (
@@ -293,10 +297,10 @@ class MultiProcessingReadingService(
         if dispatching_dp is not None:
             # The non-replicable part runs once, in the dispatching process; a placeholder
             # stands in the workers' graph where it was (replaced by DispatchedSource there).
-            graph = replace_dp(graph, dispatching_dp, _DummyIterDataPipe())
+            graph = replace_dp(graph, dispatching_dp, DispatchPlaceholder())
             datapipe = list(graph.values())[0][0]
             dispatcher_links = list(self._start_dispatcher(ctx, dispatching_dp))
-        replicable_dps = _find_replicable_branches(graph)
+        replicable_dps = find_replicable_branches(graph)
         if len(replicable_dps) != 1:
             raise ValueError(
                 "MultiProcessingReadingService needs exactly one replicable branch in the graph, "

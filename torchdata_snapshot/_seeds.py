@@ -11,28 +11,27 @@ from typing import Any, Dict, List, Optional
 
 from torchdata.dataloader2.random import SeedGenerator
 
+from torchdata_snapshot._compat import load_seed_engine_states, seed_engine_states
 from torchdata_snapshot._errors import InvalidCheckpointError
 
 __all__ = ["check_seed_state", "load_seed_state", "seed_state"]
 
-_ENGINES = (("shared", "_shared_rng"), ("worker", "_worker_rng"))
 _UINT64 = 2**64
 
 
-def _engine_state(engine: Any) -> Dict[str, Any]:
-    state = vars(engine)
-    generated = state["_generated_seeds"]
+def _plain_engine(fields: Dict[str, Any]) -> Dict[str, Any]:
+    generated = fields["generated"]
     return {
-        "seed": [int(x) for x in state["_seed"]],
-        "ctr": [int(x) for x in state["_ctr"]],
+        "seed": [int(x) for x in fields["seed"]],
+        "ctr": [int(x) for x in fields["ctr"]],
         "generated": None if generated is None else [int(x) for x in generated],
-        "spawn_seed": [int(x) for x in state["_spawn_seed"]],
+        "spawn_seed": [int(x) for x in fields["spawn_seed"]],
     }
 
 
 def seed_state(generator: SeedGenerator) -> Dict[str, Dict[str, Any]]:
     """``generator``'s full state: ``{"shared": engine, "worker": engine}`` of ints and lists."""
-    return {key: _engine_state(getattr(generator, name)) for key, name in _ENGINES}
+    return {key: _plain_engine(fields) for key, fields in seed_engine_states(generator).items()}
 
 
 def _ints(value: Any, length: Optional[int], where: str) -> List[int]:
@@ -51,7 +50,7 @@ def check_seed_state(state: Any) -> Dict[str, Dict[str, Any]]:
     """Validate the plain data of :func:`seed_state`; raise :class:`InvalidCheckpointError` if it is not."""
     if not isinstance(state, dict) or set(state) != {"shared", "worker"}:
         raise InvalidCheckpointError(f"seed state must have keys 'shared' and 'worker', got {state!r}")
-    for key, _ in _ENGINES:
+    for key in ("shared", "worker"):
         engine_state = state[key]
         if not isinstance(engine_state, dict) or set(engine_state) != {
             "seed",
@@ -71,10 +70,4 @@ def check_seed_state(state: Any) -> Dict[str, Dict[str, Any]]:
 def load_seed_state(generator: SeedGenerator, state: Any) -> None:
     """Set ``generator`` (in place: DataLoader2 and other reading services hold it) to ``state``."""
     check_seed_state(state)
-    for key, name in _ENGINES:
-        engine_state, engine = state[key], getattr(generator, name)
-        generated = engine_state["generated"]
-        engine._seed = tuple(engine_state["seed"])
-        engine._ctr = list(engine_state["ctr"])
-        engine._generated_seeds = None if generated is None else list(generated)
-        engine._spawn_seed = tuple(engine_state["spawn_seed"])
+    load_seed_engine_states(generator, state)

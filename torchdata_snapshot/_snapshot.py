@@ -9,6 +9,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 
 from torchdata.dataloader2.graph import DataPipe, list_dps, traverse_dps
 
+from torchdata_snapshot._compat import samples_yielded
 from torchdata_snapshot._errors import StateCaptureError
 
 __all__ = [
@@ -94,7 +95,7 @@ def graph_datapipes(datapipe: DataPipe) -> List[Tuple[str, DataPipe]]:
 
 def datapipe_yields(graph: List[Tuple[str, DataPipe]]) -> Dict[str, int]:
     """How many items each DataPipe of ``graph`` yielded this epoch (upstream's own counter)."""
-    return {key: int(getattr(dp, "_number_of_samples_yielded", 0)) for key, dp in graph}
+    return {key: samples_yielded(dp) for key, dp in graph}
 
 
 def pausable(datapipes: Iterable[DataPipe]) -> List[DataPipe]:

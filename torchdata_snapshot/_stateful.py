@@ -62,12 +62,19 @@ from torch.utils.data.datapipes.iter.grouping import BatcherIterDataPipe, UnBatc
 from torch.utils.data.datapipes.iter.selecting import FilterIterDataPipe
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
-from torch.utils.data.datapipes.utils.common import get_file_pathnames_from_root
 from torchdata.dataloader2.graph import DataPipe, replace_dp, traverse_dps
 from torchdata.datapipes.iter import Cycler as CyclerIterDataPipe
 from torchdata.datapipes.iter import FlatMapper as FlatMapperIterDataPipe
 from torchdata.datapipes.iter import Header as HeaderIterDataPipe
 
+from torchdata_snapshot._compat import (
+    flatmap_expand,
+    get_file_pathnames_from_root,
+    iterator_id,
+    samples_yielded,
+    shuffler_settings,
+    unbatch_dive,
+)
 from torchdata_snapshot._errors import StateCaptureError, StateRestoreError
 from torchdata_snapshot._rng import capture_global_rng, install_global_rng
 from torchdata_snapshot._snapshot import capture_datapipe_states, describe_datapipe, graph_datapipes
@@ -132,7 +139,7 @@ class ResumableIterableWrapper(Resumable):
         yield from map(source.__getitem__, range(self._start, len(source)))
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"position": self._start + self._number_of_samples_yielded}
+        return {"position": self._start + samples_yielded(self)}
 
     def __len__(self) -> int:
         return len(self.iterable)
@@ -217,9 +224,9 @@ class _Expanding(Resumable):
 
 
 class ResumableUnBatcher(_Expanding):
-    """``UnBatcher``, through upstream's own ``_dive``."""
+    """``UnBatcher``, through upstream's own expansion."""
 
-    _dive = UnBatcherIterDataPipe._dive
+    _dive = unbatch_dive
 
     def __init__(self, datapipe: IterDataPipe, unbatch_level: int) -> None:
         self.datapipe = datapipe
@@ -227,7 +234,7 @@ class ResumableUnBatcher(_Expanding):
         self._items = deque()
 
     def _expand(self, element: Any) -> Iterable[Any]:
-        return self._dive(element, unbatch_level=self.unbatch_level)  # type: ignore[misc]
+        return self._dive(element, unbatch_level=self.unbatch_level)
 
 
 class ResumableFlatMapper(_Expanding):
@@ -238,7 +245,7 @@ class ResumableFlatMapper(_Expanding):
         self.datapipe = upstream.datapipe
         self.fn = upstream.fn
         self.input_col = upstream.input_col
-        self._upstream_apply = type(upstream)._apply_fn
+        self._upstream_apply = flatmap_expand(upstream)
         self._items = deque()
 
     def _expand(self, element: Any) -> Iterable[Any]:
@@ -399,7 +406,7 @@ _SHIFTED: weakref.WeakKeyDictionary[ShardingFilterIterDataPipe, Tuple[int, int]]
 def _sharding_state(sf: ShardingFilterIterDataPipe) -> Dict[str, Any]:
     """How many items the filter yielded this epoch (torch's iterator hook counts them)."""
     base = _SHIFTED[sf][1] if sf in _SHIFTED else 0
-    return {"yielded": base + sf._number_of_samples_yielded}
+    return {"yielded": base + samples_yielded(sf)}
 
 
 def _sharding_load(sf: ShardingFilterIterDataPipe, state: Dict[str, Any]) -> None:
@@ -435,7 +442,7 @@ def _adapt_iterable_wrapper(dp: IterableWrapperIterDataPipe) -> Optional[IterDat
 #: this instance cannot resume, e.g. an ``IterableWrapper`` over a generator).
 ADAPTERS: Dict[type, Callable[[Any], Optional[IterDataPipe]]] = {
     IterableWrapperIterDataPipe: _adapt_iterable_wrapper,
-    ShufflerIterDataPipe: lambda dp: ResumableShuffler(dp.datapipe, dp.buffer_size, dp._enabled, dp._seed),
+    ShufflerIterDataPipe: lambda dp: ResumableShuffler(dp.datapipe, dp.buffer_size, *shuffler_settings(dp)),
     UnBatcherIterDataPipe: lambda dp: ResumableUnBatcher(dp.datapipe, dp.unbatch_level),
     FlatMapperIterDataPipe: ResumableFlatMapper,
     HeaderIterDataPipe: lambda dp: ResumableHeader(dp.source_datapipe, dp.limit),
@@ -562,7 +569,7 @@ def forget_loaded_states(datapipes: Iterable[DataPipe]) -> None:
     """
     for dp in datapipes:
         key = id(dp)
-        _FORGOTTEN[key] = (weakref.ref(dp, functools.partial(_forget_entry, key)), _iterator_id(dp))
+        _FORGOTTEN[key] = (weakref.ref(dp, functools.partial(_forget_entry, key)), iterator_id(dp))
         if isinstance(dp, Resumable):
             dp._pending = None
         if type(dp) is ShardingFilterIterDataPipe:
@@ -576,17 +583,13 @@ def forget_loaded_states(datapipes: Iterable[DataPipe]) -> None:
 _FORGOTTEN: Dict[int, Tuple[Any, Optional[int]]] = {}
 
 
-def _iterator_id(dp: DataPipe) -> Optional[int]:
-    return getattr(dp, "_valid_iterator_id", None)
-
-
 def _forget_entry(key: int, _: Any) -> None:
     _FORGOTTEN.pop(key, None)
 
 
 def _started_since_forgotten(dp: DataPipe) -> bool:
     entry = _FORGOTTEN.get(id(dp))
-    return entry is None or entry[0]() is not dp or _iterator_id(dp) != entry[1]
+    return entry is None or entry[0]() is not dp or iterator_id(dp) != entry[1]
 
 
 def reset_graph_state(graph: List[Tuple[str, DataPipe]]) -> None:

@@ -105,12 +105,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 import torch
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
-from torchdata._utils import ExceptionWrapper
 from torchdata.dataloader2.graph import DataPipe, find_dps, replace_dp, traverse_dps
-from torchdata.dataloader2.graph._serialization import extract_wrapper
 from torchdata.dataloader2.utils import WorkerInfo
-from torchdata.dataloader2.utils.dispatch import _DummyIterDataPipe, find_non_dispatching_branches
-from torchdata.dataloader2.utils.worker import process_reset_fn
 
 from torchdata_snapshot._channel import (
     LIVENESS_CHECK_INTERVAL_S,
@@ -119,6 +115,13 @@ from torchdata_snapshot._channel import (
     ItemEncoder,
     ParentGone,
     ParentWatch,
+)
+from torchdata_snapshot._compat import (
+    DispatchPlaceholder,
+    ExceptionWrapper,
+    extract_wrapper,
+    find_non_dispatching_branches,
+    process_reset_fn,
 )
 from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex, parse_chain_hex
 from torchdata_snapshot._dispatch import DispatchedSource, find_dispatched_sources
@@ -570,7 +573,7 @@ def prepare_worker_graph(
     come from it are sharded.
     """
     graph = traverse_dps(datapipe)
-    placeholders = find_dps(graph, _DummyIterDataPipe)
+    placeholders = find_dps(graph, DispatchPlaceholder)
     if not placeholders:
         torch.utils.data.graph_settings.apply_sharding(
             datapipe, worker_info.num_workers, worker_info.worker_id, SHARDING_PRIORITIES.MULTIPROCESSING

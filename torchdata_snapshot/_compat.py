@@ -1,0 +1,120 @@
+"""Every private torch and torchdata API this package relies on, in one place.
+
+DataLoader2's extension points cover most of what a reading service needs, but not all of it:
+the graph's serialization wrapper, its replicable-branch search, the dispatching placeholder,
+the worker-side init and reset functions, the counters torch keeps on every DataPipe, the
+fields of a few DataPipes and of ``SeedGenerator``. Each is reached through a name below, so
+that a torch or torchdata release that moves one breaks one line here, and the tests of this
+package (which run on every supported torchdata) say which.
+
+Checked against torch 2.13 and torchdata 0.7.1, 0.8.0 and 0.9.0.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+
+from torch.utils.data.datapipes.iter.combinatorics import ShufflerIterDataPipe
+from torch.utils.data.datapipes.iter.grouping import UnBatcherIterDataPipe
+from torch.utils.data.datapipes.utils.common import get_file_pathnames_from_root
+from torchdata._utils import ExceptionWrapper
+from torchdata.dataloader2.communication import messages as upstream_messages
+from torchdata.dataloader2.graph import DataPipe
+from torchdata.dataloader2.graph._serialization import attach_wrapper, extract_wrapper
+from torchdata.dataloader2.graph.utils import _find_replicable_branches
+from torchdata.dataloader2.random import SeedGenerator
+from torchdata.dataloader2.utils.dispatch import (
+    _DummyIterDataPipe,
+    find_lca_round_robin_sharding_dp,
+    find_non_dispatching_branches,
+)
+from torchdata.dataloader2.utils.worker import process_init_fn, process_reset_fn
+from torchdata.datapipes.iter import FlatMapper as FlatMapperIterDataPipe
+
+__all__ = [
+    "DispatchPlaceholder",
+    "ExceptionWrapper",
+    "attach_wrapper",
+    "extract_wrapper",
+    "find_lca_round_robin_sharding_dp",
+    "find_non_dispatching_branches",
+    "find_replicable_branches",
+    "flatmap_expand",
+    "get_file_pathnames_from_root",
+    "iterator_id",
+    "process_init_fn",
+    "process_reset_fn",
+    "load_seed_engine_states",
+    "samples_yielded",
+    "seed_engine_states",
+    "shuffler_settings",
+    "unbatch_dive",
+    "upstream_messages",
+]
+
+#: The placeholder DataLoader2 puts where the dispatched part of a graph was.
+DispatchPlaceholder = _DummyIterDataPipe
+
+
+def find_replicable_branches(graph: Any) -> List[DataPipe]:
+    """The roots of the graph's branches that may run in every worker."""
+    return _find_replicable_branches(graph)
+
+
+def samples_yielded(dp: DataPipe) -> int:
+    """How many items ``dp``'s current iterator yielded (torch counts them on every DataPipe)."""
+    return int(getattr(dp, "_number_of_samples_yielded", 0))
+
+
+def iterator_id(dp: DataPipe) -> Optional[int]:
+    """The number torch gave ``dp``'s latest iterator (``None`` before the first): it moves
+    whenever an iteration of ``dp`` starts."""
+    return getattr(dp, "_valid_iterator_id", None)
+
+
+def shuffler_settings(dp: ShufflerIterDataPipe) -> Tuple[bool, Optional[int]]:
+    """``(enabled, seed for the next iteration)`` of an upstream ``Shuffler``."""
+    return dp._enabled, dp._seed
+
+
+#: Upstream ``UnBatcher``'s expansion of one element, borrowed as a method by a class with an
+#: ``unbatch_level`` attribute: ``self._dive(element, unbatch_level=...)``.
+unbatch_dive: Callable[..., Iterator[Any]] = UnBatcherIterDataPipe._dive
+
+
+def flatmap_expand(dp: FlatMapperIterDataPipe) -> Callable[[Any, Any], Iterable[Any]]:
+    """Upstream ``FlatMapper``'s per-element function (``input_col`` handling included), called
+    as ``fn(holder, element)`` where ``holder`` has ``fn`` and ``input_col``."""
+    return type(dp)._apply_fn
+
+
+#: The two Philox engines of a ``SeedGenerator``: its shared stream and its per-process stream.
+_SEED_ENGINES = (("shared", "_shared_rng"), ("worker", "_worker_rng"))
+
+
+def seed_engine_states(generator: SeedGenerator) -> Dict[str, Dict[str, Any]]:
+    """``{"shared": fields, "worker": fields}``: each engine's ``seed``, ``ctr``, ``generated``
+    (cached draws, or ``None``) and ``spawn_seed``, as upstream keeps them."""
+    states = {}
+    for key, name in _SEED_ENGINES:
+        engine = getattr(generator, name)
+        states[key] = {
+            "seed": engine._seed,
+            "ctr": engine._ctr,
+            "generated": engine._generated_seeds,
+            "spawn_seed": engine._spawn_seed,
+        }
+    return states
+
+
+def load_seed_engine_states(generator: SeedGenerator, states: Dict[str, Dict[str, Any]]) -> None:
+    """Set ``generator``'s engines, in place, to fields as :func:`seed_engine_states` returns them."""
+    for key, name in _SEED_ENGINES:
+        engine, fields = getattr(generator, name), states[key]
+        engine._seed = tuple(fields["seed"])
+        engine._ctr = list(fields["ctr"])
+        engine._generated_seeds = None if fields["generated"] is None else list(fields["generated"])
+        engine._spawn_seed = tuple(fields["spawn_seed"])
+
+
+get_file_pathnames_from_root = get_file_pathnames_from_root
