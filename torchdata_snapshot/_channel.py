@@ -29,11 +29,10 @@ from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from torchdata_snapshot._constants import EXIT_CODE_WAIT_S, LIVENESS_CHECK_INTERVAL_S, STARTUP_TIMEOUT_S
 from torchdata_snapshot._errors import WorkerDiedError, WorkerTimeoutError
 
 __all__ = [
-    "LIVENESS_CHECK_INTERVAL_S",
-    "STARTUP_TIMEOUT_S",
     "Channel",
     "Endpoint",
     "ItemDecoder",
@@ -43,17 +42,6 @@ __all__ = [
     "describe_exit",
     "make_pipe_pair",
 ]
-
-#: How long a blocked wait sleeps in ``poll`` before it checks that the other side is alive.
-LIVENESS_CHECK_INTERVAL_S = 1.0
-
-#: A process that has not answered yet may still be starting (with ``spawn``: a new interpreter
-#: imports torch and unpickles its graph): its first answer gets at least this long, whatever
-#: the caller's timeout. Liveness is checked all along: a process that dies is reported at once.
-STARTUP_TIMEOUT_S = 120.0
-
-#: How long to wait for a process that closed its pipe to report its exit code.
-EXIT_CODE_WAIT_S = 2.0
 
 
 class ParentGone(Exception):

@@ -20,6 +20,12 @@ from torchdata.dataloader2.graph import DataPipe
 from torchdata_snapshot._channel import Channel, ItemDecoder
 from torchdata_snapshot._checkpoint import GraphState, WorkerPosition
 from torchdata_snapshot._compat import ExceptionWrapper
+from torchdata_snapshot._constants import (
+    CLOSED_EPOCH,
+    DEFAULT_CONTROL_TIMEOUT_S,
+    NO_EPOCH,
+    TERMINATE_LOCK_WAIT_S,
+)
 from torchdata_snapshot._digest import chain_hex, parse_chain_hex
 from torchdata_snapshot._errors import (
     ProtocolError,
@@ -53,14 +59,7 @@ from torchdata_snapshot._messages import (
 )
 from torchdata_snapshot._snapshot import WorkerSnapshot
 
-__all__ = ["CONTROL_TIMEOUT_S", "TERMINATE_LOCK_WAIT_S", "WorkerConsumer", "credit_window"]
-
-#: Default bound on waiting for the answer to a control request (pause, state, reset, ...).
-#: A worker answers between two items, so this must exceed the time to produce one item.
-CONTROL_TIMEOUT_S = 120.0
-
-#: How long shutdown waits for another thread's exchange with the workers before it kills them.
-TERMINATE_LOCK_WAIT_S = 1.0
+__all__ = ["WorkerConsumer", "credit_window"]
 
 
 #: Bytes of one running digest in ``ItemsResponse.digests``.
@@ -120,7 +119,7 @@ class WorkerConsumer(IterDataPipe):
         self,
         channels: Sequence[Channel],
         window: int,
-        control_timeout_s: float = CONTROL_TIMEOUT_S,
+        control_timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S,
         data_timeout_s: Optional[float] = None,
     ) -> None:
         if window < 1:
@@ -130,7 +129,7 @@ class WorkerConsumer(IterDataPipe):
         self.window = window
         self.control_timeout_s = control_timeout_s
         self.data_timeout_s = data_timeout_s
-        self.epoch = -1
+        self.epoch = NO_EPOCH
         self.closed = False
         # Set when an operation was interrupted between a request and its answer, or a message
         # was lost: the pipes can no longer be trusted, and nothing may be read from them.
@@ -548,7 +547,7 @@ class WorkerConsumer(IterDataPipe):
         self.closed = True
         if self.broken is not None:
             return False  # the pipes cannot be trusted
-        self.epoch = -2  # whatever is still in flight is stale
+        self.epoch = CLOSED_EPOCH  # whatever is still in flight is stale
         asked = []
         for worker_id, channel in enumerate(self.channels):
             try:

@@ -29,7 +29,6 @@ from torchdata.dataloader2.graph import DataPipe, find_dps, traverse_dps
 from torchdata.dataloader2.utils import WorkerInfo
 
 from torchdata_snapshot._channel import (
-    LIVENESS_CHECK_INTERVAL_S,
     Channel,
     Endpoint,
     ItemDecoder,
@@ -39,6 +38,13 @@ from torchdata_snapshot._channel import (
     wait_any,
 )
 from torchdata_snapshot._compat import ExceptionWrapper, extract_wrapper, process_reset_fn
+from torchdata_snapshot._constants import (
+    DISPATCH_WINDOW,
+    DISPATCHER_ID,
+    LIVENESS_CHECK_INTERVAL_S,
+    MAX_PENDING_PER_WORKER,
+    NO_EPOCH,
+)
 from torchdata_snapshot._errors import ProtocolError, ReadingServiceError
 from torchdata_snapshot._messages import (
     ErrorResponse,
@@ -70,20 +76,10 @@ from torchdata_snapshot._snapshot import (
 )
 
 __all__ = [
-    "DISPATCH_WINDOW",
-    "MAX_PENDING_PER_WORKER",
     "DispatchedSource",
     "DispatcherLoop",
     "run_dispatcher",
 ]
-
-#: Credit a worker grants the dispatcher: dispatched items it may hold unread.
-DISPATCH_WINDOW = 32
-
-#: Items the dispatcher may hold for one worker that does not ask for them. Round-robin means
-#: that feeding a hungry worker produces items for all the others; a pipeline whose workers
-#: consume very unevenly (a filter after the dispatch) would otherwise grow without bound.
-MAX_PENDING_PER_WORKER = 10_000
 
 
 class _End:
@@ -120,7 +116,7 @@ class DispatcherLoop:
         self.custom_reset_fn = custom_reset_fn
         self.max_pending = max_pending
         self.worker_info = WorkerInfo(self.num_workers, 0)
-        self.epoch = -1
+        self.epoch = NO_EPOCH
         self.iterator: Optional[Iterator[Any]] = None
         self.produced = 0
         self.credit = [0] * self.num_workers
@@ -300,7 +296,7 @@ class DispatcherLoop:
         """The dispatcher's snapshot; a consistent cut with the workers when taken while paused."""
         graph = graph_datapipes(self.datapipe)
         return WorkerSnapshot(
-            worker_id=-1,
+            worker_id=DISPATCHER_ID,
             role="dispatcher",
             pid=os.getpid(),
             epoch=self.epoch,
@@ -360,7 +356,7 @@ class DispatchedSource(IterDataPipe):
     def __init__(self, channel: Channel, window: int = DISPATCH_WINDOW) -> None:
         self.channel = channel
         self.window = window
-        self.epoch = -1
+        self.epoch = NO_EPOCH
         self.buffer: Deque[Any] = deque()
         self.received = self.consumed = self.granted = 0
 
@@ -421,7 +417,7 @@ class DispatchedSource(IterDataPipe):
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.channel = None  # type: ignore[assignment]
-        self.epoch, self.buffer = -1, deque()
+        self.epoch, self.buffer = NO_EPOCH, deque()
         self.received = self.consumed = self.granted = 0
 
 

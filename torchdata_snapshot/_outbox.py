@@ -31,6 +31,7 @@ from typing import Any, Deque, Optional, Tuple
 
 from torchdata_snapshot._channel import Endpoint, ParentGone
 from torchdata_snapshot._compat import ExceptionWrapper
+from torchdata_snapshot._constants import NO_EPOCH, OUTBOX_CLOSE_TIMEOUT_S
 from torchdata_snapshot._messages import ItemsResponse, WorkerExceptionResponse
 from torchdata_snapshot._options import BatchingOptions
 
@@ -63,7 +64,7 @@ class Outbox:
         self._queue: Deque[Any] = deque()
         self._cond = threading.Condition(threading.Lock())
         self._busy = False  # the thread holds entries taken from the queue
-        self._epoch = -1
+        self._epoch = NO_EPOCH
         self._sent = 0
         self._batches = 0
         self.broken: Optional[BaseException] = None  # set when the parent is gone or the thread failed
@@ -113,7 +114,7 @@ class Outbox:
             while (self._queue or self._busy) and self.broken is None:
                 self._cond.wait()
 
-    def close(self, timeout_s: float = 10.0) -> None:
+    def close(self, timeout_s: float = OUTBOX_CLOSE_TIMEOUT_S) -> None:
         """Write what is queued, then stop the thread (at once if the parent is gone)."""
         if self.broken is None:
             with self._cond:

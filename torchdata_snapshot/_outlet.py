@@ -25,6 +25,7 @@ from typing import Any, Deque, Iterator, List, Optional
 from torch.utils.data import IterDataPipe
 from torchdata.dataloader2.graph import DataPipe
 
+from torchdata_snapshot._constants import NO_EPOCH
 from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot._errors import ReplayDivergenceError
 from torchdata_snapshot._rng import IsolatedRNG
@@ -49,7 +50,7 @@ class Outlet(IterDataPipe):
         self.handoff: Deque[int] = deque()
         self.worker_delivered: List[int] = [0] * num_workers
         self.last_worker = -1
-        self.epoch = -1
+        self.epoch = NO_EPOCH
         self.delivered = 0
         self.finished = False
         self.verify = False

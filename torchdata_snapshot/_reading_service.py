@@ -34,7 +34,8 @@ from torchdata_snapshot._compat import (
     process_init_fn,
     process_reset_fn,
 )
-from torchdata_snapshot._consumer import CONTROL_TIMEOUT_S, WorkerConsumer, credit_window
+from torchdata_snapshot._constants import DEFAULT_CONTROL_TIMEOUT_S, JOIN_TIMEOUT_S, NO_EPOCH
+from torchdata_snapshot._consumer import WorkerConsumer, credit_window
 from torchdata_snapshot._dispatch import run_dispatcher
 from torchdata_snapshot._errors import (
     ProtocolError,
@@ -71,10 +72,7 @@ from torchdata_snapshot._snapshot import (
 )
 from torchdata_snapshot._worker import WorkerOptions, run_worker
 
-__all__ = ["JOIN_TIMEOUT_S", "MultiProcessingReadingService"]
-
-#: How long ``finalize()`` waits for each process to exit before killing it.
-JOIN_TIMEOUT_S = 10.0
+__all__ = ["MultiProcessingReadingService"]
 
 
 def _shut_down_when_broken(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -187,7 +185,7 @@ class MultiProcessingReadingService(
         worker_reset_fn: Optional[Callable[[DataPipe, WorkerInfo, SeedGenerator], DataPipe]] = None,
         *,
         batching: BatchingOptions = BatchingOptions(),
-        control_timeout_s: float = CONTROL_TIMEOUT_S,
+        control_timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S,
         timeout_s: Optional[float] = None,
         verify_replay: bool = True,
         isolate_rng: bool = True,
@@ -241,7 +239,7 @@ class MultiProcessingReadingService(
         self._main_prefetch_datapipe = None
         self._end_datapipe: Optional[Outlet] = None
         self._main_datapipes: List[DataPipe] = []
-        self._epoch = -1
+        self._epoch = NO_EPOCH
         self._epoch_seed: Optional[dict] = None  # SeedGenerator state at the start of the epoch
         self._fingerprint = ""
         self._pending_restore: Optional[Checkpoint] = None  # set by restore(), used by the next epoch

@@ -109,7 +109,6 @@ from torchdata.dataloader2.graph import DataPipe, find_dps, replace_dp, traverse
 from torchdata.dataloader2.utils import WorkerInfo
 
 from torchdata_snapshot._channel import (
-    LIVENESS_CHECK_INTERVAL_S,
     Channel,
     Endpoint,
     ItemEncoder,
@@ -122,6 +121,14 @@ from torchdata_snapshot._compat import (
     extract_wrapper,
     find_non_dispatching_branches,
     process_reset_fn,
+)
+from torchdata_snapshot._constants import (
+    CAPTURE_TIME_BUDGET,
+    LIVENESS_CHECK_INTERVAL_S,
+    NO_EPOCH,
+    REPLAY_HEARTBEAT_S,
+    REQUEST_CHECK_ITEMS,
+    REQUEST_CHECK_S,
 )
 from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex, parse_chain_hex
 from torchdata_snapshot._dispatch import DispatchedSource, find_dispatched_sources
@@ -168,24 +175,11 @@ from torchdata_snapshot._stateful import (
 )
 
 __all__ = [
-    "CAPTURE_TIME_BUDGET",
-    "REPLAY_HEARTBEAT_S",
     "WorkerLoop",
     "WorkerOptions",
     "prepare_worker_graph",
     "run_worker",
 ]
-
-#: During a long replay, a worker tells the main process it is alive this often.
-REPLAY_HEARTBEAT_S = 1.0
-
-#: While producing, the loop looks for requests after this many items or seconds, whichever
-#: comes first: requests are answered between items without a syscall per item.
-REQUEST_CHECK_ITEMS = 64
-REQUEST_CHECK_S = 0.002
-
-#: Stateful restore: the share of a worker's time that capturing its graph's state may take.
-CAPTURE_TIME_BUDGET = 0.01
 
 
 @dataclass(frozen=True)
@@ -238,7 +232,7 @@ class WorkerLoop:
         self.init_error = init_error
         self.encoder = ItemEncoder()
         self.outbox = Outbox(endpoint, options.batching, self.name)
-        self.epoch = -1
+        self.epoch = NO_EPOCH
         self.iterator: Optional[Any] = None
         self.credit = 0
         self.produced = 0  # items the graph produced this epoch (== sent + pending in the outbox)

@@ -363,7 +363,7 @@ def test_workers_outlive_idle_periods_longer_than_every_liveness_interval(
 ) -> None:
     """A worker that receives no request for a while checks that the training process still
     exists; under forkserver its parent is the fork server, not the training process."""
-    from torchdata_snapshot._channel import LIVENESS_CHECK_INTERVAL_S
+    from torchdata_snapshot._constants import LIVENESS_CHECK_INTERVAL_S
 
     idle_s = 2.5 * LIVENESS_CHECK_INTERVAL_S  # the slow training step of this test
     reference = list(make_dl(pipeline(shape, 60), rs(2)))

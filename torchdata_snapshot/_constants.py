@@ -1,0 +1,72 @@
+"""The package's time bounds, sizes and sentinel values, in one place.
+
+Every blocking wait of this package has a bound from here (see NOTE [ Snapshot protocol ]): a
+waiter wakes up at least every
+``LIVENESS_CHECK_INTERVAL_S`` to check the other side, and gives up after the bound of what it
+waits for. Options of the reading service (``control_timeout_s``, ``timeout_s``) override the
+defaults named ``DEFAULT_*``.
+"""
+
+from __future__ import annotations
+
+# --- waits ----------------------------------------------------------------------------------
+
+#: How long a blocked wait sleeps in ``poll`` before it checks that the other side is alive.
+LIVENESS_CHECK_INTERVAL_S = 1.0
+
+#: A process that has not answered yet may still be starting (with ``spawn``: a new interpreter
+#: imports torch and unpickles its graph): its first answer gets at least this long, whatever
+#: the caller's timeout. Liveness is checked all along: a process that dies is reported at once.
+STARTUP_TIMEOUT_S = 120.0
+
+#: How long to wait for a process that closed its pipe to report its exit code.
+EXIT_CODE_WAIT_S = 2.0
+
+#: Default bound on waiting for the answer to a control request (pause, state, reset, ...).
+#: A worker answers between two items, so this must exceed the time to produce one item.
+DEFAULT_CONTROL_TIMEOUT_S = 120.0
+
+#: How long shutdown waits for each process to say goodbye and exit before killing it (capped
+#: by the control timeout).
+JOIN_TIMEOUT_S = 10.0
+
+#: How long shutdown waits for another thread's exchange with the workers before it kills them.
+TERMINATE_LOCK_WAIT_S = 1.0
+
+#: How long a worker's outbox thread gets to write what is queued when the worker exits.
+OUTBOX_CLOSE_TIMEOUT_S = 10.0
+
+#: During a long replay, a worker tells the main process it is alive this often.
+REPLAY_HEARTBEAT_S = 1.0
+
+# --- pacing ---------------------------------------------------------------------------------
+
+#: While producing, a worker looks for requests after this many items or seconds, whichever
+#: comes first: requests are answered between items without a syscall per item.
+REQUEST_CHECK_ITEMS = 64
+REQUEST_CHECK_S = 0.002
+
+#: Stateful restore: the share of a worker's production time that capturing its graph's state
+#: may take.
+CAPTURE_TIME_BUDGET = 0.01
+
+# --- the dispatching process ----------------------------------------------------------------
+
+#: Credit a worker grants the dispatcher: dispatched items it may hold unread.
+DISPATCH_WINDOW = 32
+
+#: Items the dispatcher may hold for one worker that does not ask for them. Round-robin means
+#: that feeding a hungry worker produces items for all the others; a pipeline whose workers
+#: consume very unevenly (a filter after the dispatch) would otherwise grow without bound.
+MAX_PENDING_PER_WORKER = 10_000
+
+# --- sentinel values ------------------------------------------------------------------------
+
+#: The epoch number before the first epoch starts.
+NO_EPOCH = -1
+
+#: The epoch number of a consumer that was shut down: whatever is still in flight is stale.
+CLOSED_EPOCH = -2
+
+#: The ``worker_id`` of the dispatching process in a :class:`~torchdata_snapshot.WorkerSnapshot`.
+DISPATCHER_ID = -1
