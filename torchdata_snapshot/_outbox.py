@@ -31,7 +31,7 @@ from typing import Any, Deque, Optional, Tuple
 
 from torchdata_snapshot._channel import Endpoint, ParentGone
 from torchdata_snapshot._compat import ExceptionWrapper
-from torchdata_snapshot._constants import NO_EPOCH, OUTBOX_CLOSE_TIMEOUT_S
+from torchdata_snapshot._constants import LIVENESS_CHECK_INTERVAL_S, NO_EPOCH, OUTBOX_CLOSE_TIMEOUT_S
 from torchdata_snapshot._messages import ItemsResponse, WorkerExceptionResponse
 from torchdata_snapshot._options import BatchingOptions
 
@@ -109,10 +109,16 @@ class Outbox:
             return self._sent, self._batches
 
     def drain(self) -> None:
-        """Block until everything queued so far has been written."""
+        """Block until everything queued so far has been written.
+
+        The wait wakes up every ``LIVENESS_CHECK_INTERVAL_S`` to check that the training process
+        still exists (a write blocks while the main process does not read): if it is gone,
+        :class:`ParentGone` is raised instead of waiting for a reader that will never come.
+        """
         with self._cond:
             while (self._queue or self._busy) and self.broken is None:
-                self._cond.wait()
+                if not self._cond.wait(LIVENESS_CHECK_INTERVAL_S):
+                    self.endpoint.check_parent()
 
     def close(self, timeout_s: float = OUTBOX_CLOSE_TIMEOUT_S) -> None:
         """Write what is queued, then stop the thread (at once if the parent is gone)."""
