@@ -21,7 +21,7 @@ from torchdata_snapshot._errors import (
     WorkerError,
     WorkerTimeoutError,
 )
-from torchdata_snapshot._options import BatchingOptions
+from torchdata_snapshot._options import BatchingOptions, FaultOptions, RestoreOptions
 from torchdata_snapshot._reading_service import MultiProcessingReadingService
 from torchdata_snapshot._snapshot import WorkerSnapshot
 from torchdata_snapshot._stateful import register_state_functions
@@ -31,6 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BatchingOptions",
     "CheckpointError",
+    "FaultOptions",
     "IncompatibleCheckpointError",
     "InvalidCheckpointError",
     "MultiProcessingReadingService",
@@ -38,6 +39,7 @@ __all__ = [
     "ReadingServiceClosedError",
     "ReadingServiceError",
     "ReplayDivergenceError",
+    "RestoreOptions",
     "StateCaptureError",
     "StateRestoreError",
     "WorkerDiedError",

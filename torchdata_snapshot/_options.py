@@ -1,10 +1,27 @@
-"""Options of the reading service that are plain values (validated on construction)."""
+"""The reading service's options, grouped by what they govern; each group validates itself.
+
+``MultiProcessingReadingService`` takes the groups (``batching=``, ``restore=``, ``faults=``) or
+their fields as flat keywords, as earlier releases did; :class:`WorkerOptions` is what every
+worker process receives.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
-__all__ = ["BatchingOptions"]
+from torchdata.dataloader2.graph import DataPipe
+from torchdata.dataloader2.utils import WorkerInfo
+
+from torchdata_snapshot._constants import DEFAULT_CONTROL_TIMEOUT_S
+
+__all__ = ["BatchingOptions", "FaultOptions", "RestoreOptions", "WorkerOptions"]
+
+
+def _check_count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -29,3 +46,76 @@ class BatchingOptions:
             raise ValueError(f"max_bytes must be >= 1, got {self.max_bytes}")
         if self.max_delay_s < 0:
             raise ValueError(f"max_delay_s must be >= 0, got {self.max_delay_s}")
+
+
+@dataclass(frozen=True)
+class RestoreOptions:
+    """How checkpoints are taken and restored.
+
+    Attributes:
+        verify_replay: keep a running digest of every item of each stream (about 0.1 us per
+            small item) and, on restore, check that the replayed items reproduce the one the
+            checkpoint recorded at the user's position; raise
+            :class:`~torchdata_snapshot.ReplayDivergenceError` if they do not.
+        state_interval: stateful restore: when every DataPipe of a worker's graph can report and
+            load its state (see the docs' contract page), the worker captures it at least every
+            ``state_interval`` items (more often when capturing takes under 1% of its time) and
+            a restore loads the latest one instead of replaying the epoch, so its cost does not
+            grow with the position. ``0`` turns capturing off.
+        stateful: ``None`` restores from states where the graph allows it and replays elsewhere;
+            ``False`` always replays; ``True`` requires it (a graph that cannot is an error at
+            the first ``iter()``; so is ``sharding_round_robin_dispatch``).
+    """
+
+    verify_replay: bool = True
+    state_interval: int = 1024
+    stateful: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.verify_replay, bool):
+            raise TypeError(f"verify_replay must be a bool, got {self.verify_replay!r}")
+        _check_count("state_interval", self.state_interval)
+        if self.stateful not in (None, True, False):
+            raise ValueError(f"stateful must be None, True or False, got {self.stateful!r}")
+        if self.stateful and not self.state_interval:
+            raise ValueError("stateful=True needs state_interval > 0 (0 turns state capture off)")
+
+
+@dataclass(frozen=True)
+class FaultOptions:
+    """Bounds on waiting for the processes, and self-healing.
+
+    Attributes:
+        control_timeout_s: bound on waiting for the answer to a control request (pause, state,
+            epoch reset); a worker answers between two items. A process's first answer, which
+            waits for it to start, gets at least ``STARTUP_TIMEOUT_S`` (120 s).
+        timeout_s: bound on waiting for one item (``None``: as long as the worker lives, like
+            ``torch.utils.data.DataLoader``'s ``timeout=0``). A dead worker is detected either way.
+        restart_dead_workers: self-healing: how many times per epoch a worker that dies may be
+            replaced by a new process, which replays its stream (inside itself) to what the main
+            process already received and continues; the data is exactly what the dead worker
+            would have produced. ``0`` raises :class:`~torchdata_snapshot.WorkerDiedError`
+            instead. Not available with ``sharding_round_robin_dispatch``; a
+            ``pause_fn``/``limit_fn`` applied to the dead worker's graph is not applied again.
+    """
+
+    control_timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S
+    timeout_s: Optional[float] = None
+    restart_dead_workers: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.control_timeout_s > 0:
+            raise ValueError(f"control_timeout_s must be > 0, got {self.control_timeout_s}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 or None, got {self.timeout_s}")
+        _check_count("restart_dead_workers", self.restart_dead_workers)
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """What every worker needs besides its graph; picklable (sent to spawned workers)."""
+
+    custom_init_fn: Optional[Callable[[DataPipe, WorkerInfo], DataPipe]] = None
+    custom_reset_fn: Optional[Callable[..., DataPipe]] = None
+    batching: BatchingOptions = field(default_factory=BatchingOptions)
+    restore: RestoreOptions = field(default_factory=RestoreOptions)

@@ -12,7 +12,7 @@ import functools
 import os
 import time
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar
 
 import torch.multiprocessing as mp
 from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
@@ -34,7 +34,7 @@ from torchdata_snapshot._compat import (
     process_init_fn,
     process_reset_fn,
 )
-from torchdata_snapshot._constants import DEFAULT_CONTROL_TIMEOUT_S, JOIN_TIMEOUT_S, NO_EPOCH
+from torchdata_snapshot._constants import JOIN_TIMEOUT_S, NO_EPOCH
 from torchdata_snapshot._consumer import WorkerConsumer, credit_window
 from torchdata_snapshot._dispatch import run_dispatcher
 from torchdata_snapshot._errors import (
@@ -58,7 +58,13 @@ from torchdata_snapshot._messages import (
     TerminateRequest,
     TerminateResponse,
 )
-from torchdata_snapshot._options import BatchingOptions
+from torchdata_snapshot._options import (
+    BatchingOptions,
+    FaultOptions,
+    RestoreOptions,
+    WorkerOptions,
+    _check_count,
+)
 from torchdata_snapshot._outlet import Outlet
 from torchdata_snapshot._rng import IsolatedRNG
 from torchdata_snapshot._seeds import load_seed_state, seed_state
@@ -70,7 +76,7 @@ from torchdata_snapshot._snapshot import (
     pausable,
     paused,
 )
-from torchdata_snapshot._worker import WorkerOptions, run_worker
+from torchdata_snapshot._worker import run_worker
 
 __all__ = ["MultiProcessingReadingService"]
 
@@ -115,10 +121,23 @@ def _is_one_to_one_tail(end: DataPipe, consumer: WorkerConsumer) -> bool:
     return all(isinstance(dp, _ONE_TO_ONE_TAIL) for dp in tail)
 
 
-def _check_count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-    return value
+#: The default of the flat option keywords: "not given" (their group's value applies).
+_UNSET: Any = object()
+
+_Group = TypeVar("_Group", RestoreOptions, FaultOptions)
+
+
+def _option_group(name: str, kind: Type[_Group], group: Optional[_Group], **flat: Any) -> _Group:
+    """``group`` (or the defaults) with the flat keywords that were given applied to it."""
+    if group is not None and not isinstance(group, kind):
+        raise TypeError(f"{name} must be a {kind.__name__}, got {type(group).__name__}")
+    given = {key: value for key, value in flat.items() if value is not _UNSET}
+    if group is not None and given:
+        raise TypeError(
+            f"give {', '.join(sorted(given))} either as keyword(s) or inside {name}={kind.__name__}(...), "
+            "not both"
+        )
+    return kind(**given) if group is None else group
 
 
 class MultiProcessingReadingService(
@@ -145,34 +164,15 @@ class MultiProcessingReadingService(
 
     Keyword Args:
         batching: how workers group items into messages (:class:`BatchingOptions`).
-        control_timeout_s: bound on waiting for the answer to a control request (pause, state,
-            epoch reset); a worker answers between two items. A process's first answer, which
-            waits for it to start, gets at least ``STARTUP_TIMEOUT_S`` (120 s).
-        timeout_s: bound on waiting for one item (``None``: as long as the worker lives, like
-            ``torch.utils.data.DataLoader``'s ``timeout=0``). A dead worker is detected either way.
-        verify_replay: keep a running digest of every item of each stream (about 0.1 us per
-            small item) and, on restore, check that the replayed items reproduce the one the
-            checkpoint recorded at the user's position; raise
-            :class:`~torchdata_snapshot.ReplayDivergenceError` if they do not.
+        restore: how checkpoints are taken and restored (:class:`RestoreOptions`); its fields
+            ``verify_replay``, ``state_interval`` and ``stateful`` may also be given as keywords.
+        faults: bounds on waiting and self-healing (:class:`FaultOptions`); its fields
+            ``control_timeout_s``, ``timeout_s`` and ``restart_dead_workers`` may also be given
+            as keywords.
         isolate_rng: with ``num_workers=0``, give the pipeline its own ``random``/``torch``/``numpy``
             global RNG states (seeded by DataLoader2 like a worker's), so that the training loop's
             draws never change the data and a restored epoch replays exactly. Costs tens of
             microseconds per item; turn it off for in-process pipelines that use no global RNG.
-        restart_dead_workers: self-healing: how many times per epoch a worker that dies may be
-            replaced by a new process, which replays its stream (inside itself) to what the main
-            process already received and continues; the data is exactly what the dead worker
-            would have produced. ``0`` (default) raises
-            :class:`~torchdata_snapshot.WorkerDiedError` instead. Not available with
-            ``sharding_round_robin_dispatch``; a ``pause_fn``/``limit_fn`` applied to the dead
-            worker's graph is not applied again.
-        state_interval: stateful restore: when every DataPipe of a worker's graph can report and
-            load its state (:mod:`torchdata_snapshot._stateful`), the worker captures it at least
-            every ``state_interval`` items (more often when capturing takes under 1% of its time)
-            and a restore loads the latest one instead of replaying the epoch, so its cost does
-            not grow with the position. ``0`` turns capturing off.
-        stateful: ``None`` (default) restores from states where the graph allows it and replays
-            elsewhere; ``False`` always replays; ``True`` requires it (a graph that cannot is an
-            error at the first ``iter()``; so is ``sharding_round_robin_dispatch``).
     """
 
     def __init__(
@@ -185,13 +185,15 @@ class MultiProcessingReadingService(
         worker_reset_fn: Optional[Callable[[DataPipe, WorkerInfo, SeedGenerator], DataPipe]] = None,
         *,
         batching: BatchingOptions = BatchingOptions(),
-        control_timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S,
-        timeout_s: Optional[float] = None,
-        verify_replay: bool = True,
+        restore: Optional[RestoreOptions] = None,
+        faults: Optional[FaultOptions] = None,
         isolate_rng: bool = True,
-        restart_dead_workers: int = 0,
-        state_interval: int = 1024,
-        stateful: Optional[bool] = None,
+        verify_replay: bool = _UNSET,
+        state_interval: int = _UNSET,
+        stateful: Optional[bool] = _UNSET,
+        control_timeout_s: float = _UNSET,
+        timeout_s: Optional[float] = _UNSET,
+        restart_dead_workers: int = _UNSET,
     ) -> None:
         # Upstream's __init__ is not called: it asserts instead of raising and warns that
         # num_workers=0 should use InProcessReadingService, which is not true here.
@@ -209,21 +211,23 @@ class MultiProcessingReadingService(
         if not isinstance(batching, BatchingOptions):
             raise TypeError(f"batching must be a BatchingOptions, got {type(batching).__name__}")
         self.batching = batching
-        if control_timeout_s <= 0:
-            raise ValueError(f"control_timeout_s must be > 0, got {control_timeout_s}")
-        self.control_timeout_s = control_timeout_s
-        if timeout_s is not None and timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s}")
-        self.timeout_s = timeout_s
-        self.verify_replay = bool(verify_replay)
+        self.restore_options = _option_group(
+            "restore",
+            RestoreOptions,
+            restore,
+            verify_replay=verify_replay,
+            state_interval=state_interval,
+            stateful=stateful,
+        )
+        self.fault_options = _option_group(
+            "faults",
+            FaultOptions,
+            faults,
+            control_timeout_s=control_timeout_s,
+            timeout_s=timeout_s,
+            restart_dead_workers=restart_dead_workers,
+        )
         self.isolate_rng = bool(isolate_rng)
-        self.restart_dead_workers = _check_count("restart_dead_workers", restart_dead_workers)
-        self.state_interval = _check_count("state_interval", state_interval)
-        if stateful not in (None, True, False):
-            raise ValueError(f"stateful must be None, True or False, got {stateful!r}")
-        if stateful and not state_interval:
-            raise ValueError("stateful=True needs state_interval > 0 (0 turns state capture off)")
-        self.stateful = stateful
         self._mp = num_workers > 0
         self._reset_runtime()
 
@@ -276,7 +280,7 @@ class MultiProcessingReadingService(
         consumer = self._worker_consumer_datapipe
         track = consumer is not None and _is_one_to_one_tail(end, consumer)
         outlet = Outlet(end, self.num_workers, track_positions=track)
-        outlet.verify = self.verify_replay
+        outlet.verify = self.restore_options.verify_replay
         if consumer is not None and track:
             consumer.handoff = outlet.handoff
             consumer.user_position = outlet.worker_delivered
@@ -305,7 +309,7 @@ class MultiProcessingReadingService(
                 f"found {len(replicable_dps)}: {[type(dp).__name__ for dp in replicable_dps]}"
             )
         replicable_dp = replicable_dps[0]
-        if self.restart_dead_workers and dispatching_dp is not None:
+        if self.fault_options.restart_dead_workers and dispatching_dp is not None:
             raise ValueError(
                 "restart_dead_workers is not supported with sharding_round_robin_dispatch: a restarted "
                 "worker would need the dispatched items of its stream again"
@@ -322,10 +326,11 @@ class MultiProcessingReadingService(
             self._kill_processes(0.0)
             raise
         window = credit_window(self.num_workers, self.worker_prefetch_cnt, self.main_prefetch_cnt)
-        consumer = WorkerConsumer(channels, window, self.control_timeout_s, self.timeout_s)
-        if self.restart_dead_workers:
+        faults = self.fault_options
+        consumer = WorkerConsumer(channels, window, faults.control_timeout_s, faults.timeout_s)
+        if faults.restart_dead_workers:
             consumer.respawn = functools.partial(self._restart_worker, ctx)
-            consumer.restarts_allowed = self.restart_dead_workers
+            consumer.restarts_allowed = faults.restart_dead_workers
         self._worker_consumer_datapipe = consumer
         if replicable_dp is datapipe:
             return consumer
@@ -335,12 +340,10 @@ class MultiProcessingReadingService(
     def _start_worker(self, ctx: Any, worker_id: int, dispatcher_link: Optional[Channel] = None) -> Channel:
         """Start worker ``worker_id`` (in ``_worker_processes[worker_id]``); return its channel."""
         options = WorkerOptions(
-            self.worker_init_fn,
-            self.worker_reset_fn,
-            self.batching,
-            self.verify_replay,
-            self.state_interval,
-            self.stateful,
+            custom_init_fn=self.worker_init_fn,
+            custom_reset_fn=self.worker_reset_fn,
+            batching=self.batching,
+            restore=self.restore_options,
         )
         dispatcher_pid = None if self._dispatch_process is None else self._dispatch_process.pid
         channel, endpoint, child_ends = make_pipe_pair(ctx)
@@ -411,7 +414,7 @@ class MultiProcessingReadingService(
         assert channel is not None
         try:
             channel.send(request)
-            response = channel.recv(self.control_timeout_s, what=expected.__name__)
+            response = channel.recv(self.fault_options.control_timeout_s, what=expected.__name__)
         except BaseException as e:
             self._dispatcher_broken = f"{type(e).__name__} during {expected.__name__}"
             raise
@@ -511,7 +514,7 @@ class MultiProcessingReadingService(
 
     def _join_timeout_s(self) -> float:
         """How long shutdown waits for a process to answer and exit before killing it."""
-        return min(JOIN_TIMEOUT_S, self.control_timeout_s)
+        return min(JOIN_TIMEOUT_S, self.fault_options.control_timeout_s)
 
     def _kill_processes(self, wait_s: float) -> None:
         """Join every process within ``wait_s``, then kill those still alive (bounded)."""

@@ -100,7 +100,6 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 import torch
@@ -156,7 +155,7 @@ from torchdata_snapshot._messages import (
     TerminateResponse,
     WorkerExceptionResponse,
 )
-from torchdata_snapshot._options import BatchingOptions
+from torchdata_snapshot._options import WorkerOptions
 from torchdata_snapshot._outbox import Outbox
 from torchdata_snapshot._snapshot import (
     WorkerSnapshot,
@@ -176,22 +175,9 @@ from torchdata_snapshot._stateful import (
 
 __all__ = [
     "WorkerLoop",
-    "WorkerOptions",
     "prepare_worker_graph",
     "run_worker",
 ]
-
-
-@dataclass(frozen=True)
-class WorkerOptions:
-    """What every worker needs besides its graph; picklable (sent to spawned workers)."""
-
-    custom_init_fn: Optional[Callable[[DataPipe, WorkerInfo], DataPipe]] = None
-    custom_reset_fn: Optional[Callable[..., DataPipe]] = None
-    batching: BatchingOptions = BatchingOptions()
-    verify_replay: bool = True
-    state_interval: int = 1024
-    stateful: Optional[bool] = None  # None: when the graph allows it; False: never; True: required
 
 
 def _handles(request_type: Type[Request]) -> Callable[[Callable], Callable]:
@@ -244,7 +230,7 @@ class WorkerLoop:
         # Stateful restore (see torchdata_snapshot._stateful): capture the graph's state at most
         # every `state_interval` items when every DataPipe of the graph can resume from a state.
         self.stateful = False
-        self._next_capture = options.state_interval  # produced count at which to capture next
+        self._next_capture = options.restore.state_interval  # produced count at which to capture next
         # Time spent producing this epoch, waits for credit excluded (it paces the captures).
         self._busy_s = 0.0
         self._producing_since = 0.0  # start of the current _produce() call
@@ -370,7 +356,8 @@ class WorkerLoop:
         busy_s = self._busy_s + (now - self._producing_since)
         per_item_s = (busy_s - self._last_capture[0]) / max(1, self.produced - self._last_capture[1])
         wanted = (now - start) / (CAPTURE_TIME_BUDGET * max(per_item_s, 1e-9))
-        self._next_capture = self.produced + max(1, min(self.options.state_interval, int(wanted) + 1))
+        interval = self.options.restore.state_interval
+        self._next_capture = self.produced + max(1, min(interval, int(wanted) + 1))
         self._last_capture = (busy_s, self.produced)
 
     def _end_stream(self, response: Any) -> None:
@@ -414,8 +401,8 @@ class WorkerLoop:
         for source in self._sources:
             source.reset_epoch(self.epoch)
         self.credit = self.produced = 0
-        self.digest = CHAIN_START if self.options.verify_replay else None
-        self._next_capture = self.options.state_interval
+        self.digest = CHAIN_START if self.options.restore.verify_replay else None
+        self._next_capture = self.options.restore.state_interval
         self._busy_s, self._last_capture = 0.0, (0.0, 0)
         self.exhausted = False
         self.iterator = iter(self.datapipe)
@@ -591,10 +578,11 @@ def prepare_worker_graph(
 def _maybe_resumable(datapipe: DataPipe, options: WorkerOptions) -> Tuple[DataPipe, bool]:
     """The graph rewritten for stateful restore when it allows it (and the options do), and
     whether it was."""
-    if options.stateful is False or options.state_interval <= 0:
+    restore = options.restore
+    if restore.stateful is False or restore.state_interval <= 0:
         return datapipe, False
     if find_dispatched_sources(datapipe):
-        if options.stateful:
+        if restore.stateful:
             raise StateCaptureError(
                 "stateful=True is not available with sharding_round_robin_dispatch: the dispatching "
                 "process is restored by replay only; use stateful=None (or False)"
@@ -603,7 +591,7 @@ def _maybe_resumable(datapipe: DataPipe, options: WorkerOptions) -> Tuple[DataPi
     culprit = unresumable_datapipe(datapipe)
     if culprit is None:
         return make_resumable(datapipe), True
-    if options.stateful:
+    if restore.stateful:
         raise StateCaptureError(
             f"stateful=True, but DataPipe {culprit} can neither report nor load its state: implement "
             "state_dict()/load_state_dict() or call torchdata_snapshot.register_state_functions()"

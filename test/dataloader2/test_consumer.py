@@ -12,8 +12,8 @@ from torchdata_snapshot._channel import make_pipe_pair
 from torchdata_snapshot._checkpoint import WorkerPosition
 from torchdata_snapshot._consumer import WorkerConsumer, credit_window
 from torchdata_snapshot._errors import ReadingServiceClosedError
-from torchdata_snapshot._options import BatchingOptions
-from torchdata_snapshot._worker import WorkerLoop, WorkerOptions
+from torchdata_snapshot._options import BatchingOptions, WorkerOptions
+from torchdata_snapshot._worker import WorkerLoop
 
 
 class Running:

@@ -5,6 +5,7 @@ import torchdata_snapshot
 EXPECTED_PUBLIC_NAMES = [
     "BatchingOptions",
     "CheckpointError",
+    "FaultOptions",
     "IncompatibleCheckpointError",
     "InvalidCheckpointError",
     "MultiProcessingReadingService",
@@ -12,6 +13,7 @@ EXPECTED_PUBLIC_NAMES = [
     "ReadingServiceClosedError",
     "ReadingServiceError",
     "ReplayDivergenceError",
+    "RestoreOptions",
     "StateCaptureError",
     "StateRestoreError",
     "WorkerDiedError",

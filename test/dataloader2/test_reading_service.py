@@ -13,7 +13,13 @@ from torchdata.dataloader2 import DataLoader2
 from torchdata.dataloader2 import MultiProcessingReadingService as UpstreamMPRS
 from torchdata.datapipes.iter import IterableWrapper
 
-from torchdata_snapshot import MultiProcessingReadingService, ReadingServiceClosedError, WorkerSnapshot
+from torchdata_snapshot import (
+    FaultOptions,
+    MultiProcessingReadingService,
+    ReadingServiceClosedError,
+    RestoreOptions,
+    WorkerSnapshot,
+)
 from torchdata_snapshot._errors import ReadingServiceError
 
 
@@ -66,11 +72,41 @@ def test_is_an_upstream_reading_service_with_the_same_defaults() -> None:
         ({"timeout_s": -1}, "timeout_s must be > 0 or None"),
         ({"stateful": "yes"}, "stateful must be None, True or False"),
         ({"stateful": True, "state_interval": 0}, "stateful=True needs state_interval > 0"),
+        ({"restart_dead_workers": -1}, "restart_dead_workers must be a non-negative int"),
+        ({"restore": RestoreOptions(), "stateful": True}, "give stateful either as keyword"),
+        ({"faults": FaultOptions(), "timeout_s": 3.0}, "give timeout_s either as keyword"),
+        ({"restore": FaultOptions()}, "restore must be a RestoreOptions"),
     ],
 )
 def test_bad_arguments_are_refused_with_value_errors(kwargs: Any, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises((ValueError, TypeError), match=match):
         MultiProcessingReadingService(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "group, match",
+    [
+        (lambda: RestoreOptions(state_interval=-1), "state_interval must be a non-negative int"),
+        (lambda: RestoreOptions(verify_replay=1), "verify_replay must be a bool"),
+        (lambda: FaultOptions(control_timeout_s=-1.0), "control_timeout_s must be > 0"),
+    ],
+)
+def test_option_groups_validate_themselves(group: Any, match: str) -> None:
+    with pytest.raises((ValueError, TypeError), match=match):
+        group()
+
+
+def test_options_given_as_keywords_or_as_groups_are_the_same() -> None:
+    flat = MultiProcessingReadingService(
+        2, verify_replay=False, state_interval=7, control_timeout_s=3.0, restart_dead_workers=2
+    )
+    grouped = MultiProcessingReadingService(
+        2,
+        restore=RestoreOptions(verify_replay=False, state_interval=7),
+        faults=FaultOptions(control_timeout_s=3.0, restart_dead_workers=2),
+    )
+    assert flat.restore_options == grouped.restore_options == RestoreOptions(False, 7, None)
+    assert flat.fault_options == grouped.fault_options == FaultOptions(3.0, None, 2)
 
 
 @pytest.mark.parametrize("num_workers", [0, 1, 2, 4])

@@ -13,8 +13,8 @@ from torchdata_snapshot import _messages as m
 from torchdata_snapshot._channel import ItemDecoder, make_pipe_pair
 from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot._errors import ProtocolError, ReplayDivergenceError, StateCaptureError
-from torchdata_snapshot._options import BatchingOptions
-from torchdata_snapshot._worker import WorkerLoop, WorkerOptions
+from torchdata_snapshot._options import BatchingOptions, RestoreOptions, WorkerOptions
+from torchdata_snapshot._worker import WorkerLoop
 
 
 def serve(
@@ -28,7 +28,8 @@ def serve(
     """Send ``requests`` one by one (then a terminate), letting the loop finish the work of each
     before the next; return the responses."""
     channel, endpoint, _ = make_pipe_pair()
-    options = WorkerOptions(batching=batching, verify_replay=verify_replay, state_interval=state_interval)
+    restore = RestoreOptions(verify_replay=verify_replay, state_interval=state_interval)
+    options = WorkerOptions(batching=batching, restore=restore)
     loop = WorkerLoop(datapipe, endpoint, WorkerInfo(1, 0), options=options, init_error=init_error)
     for request in [*requests, m.TerminateRequest()]:
         channel.send(request)
@@ -498,7 +499,7 @@ def test_captures_are_paced_by_production_time_not_by_waits_for_credit(
     clock = FakeClock()
     monkeypatch.setattr(worker, "time", clock)
     channel, endpoint, _ = make_pipe_pair()
-    options = WorkerOptions(state_interval=100)
+    options = WorkerOptions(restore=RestoreOptions(state_interval=100))
     loop = WorkerLoop(Timed(clock, 1000), endpoint, WorkerInfo(1, 0), options=options)
     positions = []
 
