@@ -46,10 +46,10 @@ def show(step: int, snaps: List[WorkerSnapshot]) -> None:
     for s in snaps:
         print(
             f"  worker {s.worker_id} (pid {s.pid}): produced {s.produced:5d}  main received {s.received:5d}"
-            f"  delivered {s.delivered:5d}  buffered in main {s.buffered_in_main:3d}"
+            f"  handed on {s.handed_on:5d}  buffered in main {s.buffered_in_main:3d}"
         )
-        assert s.produced == s.sent + s.buffered and s.received == s.delivered + s.buffered_in_main
-    assert sum(s.delivered for s in snaps) == step
+        assert s.produced == s.sent + s.buffered and s.received == s.handed_on + s.buffered_in_main
+    assert sum(s.handed_on for s in snaps) == step
 
 
 def main() -> None:

@@ -46,8 +46,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from torchdata.dataloader2.graph import DataPipe, traverse_dps
 
 from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
+from torchdata_snapshot._graph import describe_datapipe
 from torchdata_snapshot._seeds import check_seed_state
-from torchdata_snapshot._snapshot import describe_datapipe
 
 __all__ = [
     "FORMAT",

@@ -3,7 +3,7 @@
 :class:`WorkerConsumer` replaces upstream's ``_IterateQueueDataPipes`` (and the ``QueueWrapper``
 per worker). It is the DataPipe that stands, in the main process's graph, where the replicable
 branch was; it hands out the workers' items in a fixed round-robin order and keeps, per worker,
-the counters of NOTE [ Snapshot protocol ] (see :mod:`torchdata_snapshot._worker`).
+the counters of NOTE [ Snapshot protocol ] (see :mod:`torchdata_snapshot._messages`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from torchdata_snapshot._messages import (
     TerminateResponse,
     WorkerExceptionResponse,
 )
-from torchdata_snapshot._snapshot import WorkerSnapshot
+from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
 __all__ = ["WorkerConsumer", "credit_window"]
 
@@ -520,7 +520,7 @@ class WorkerConsumer(IterDataPipe):
         return replace(
             snap,
             received=self.received[worker_id],
-            delivered=self.delivered[worker_id],
+            handed_on=self.delivered[worker_id],
             buffered_in_main=self.received[worker_id] - self.delivered[worker_id],
         )
 

@@ -46,6 +46,7 @@ from torchdata_snapshot._constants import (
     NO_EPOCH,
 )
 from torchdata_snapshot._errors import ProtocolError, ReadingServiceError
+from torchdata_snapshot._graph import datapipe_state_dicts, datapipe_yields, graph_datapipes, pausable
 from torchdata_snapshot._messages import (
     ErrorResponse,
     GetNextRequest,
@@ -67,13 +68,7 @@ from torchdata_snapshot._messages import (
     WorkerExceptionResponse,
 )
 from torchdata_snapshot._options import BatchingOptions
-from torchdata_snapshot._snapshot import (
-    WorkerSnapshot,
-    capture_datapipe_states,
-    datapipe_yields,
-    graph_datapipes,
-    pausable,
-)
+from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
 __all__ = [
     "DispatchedSource",
@@ -269,7 +264,7 @@ class DispatcherLoop:
         if request.pause_fn is not None:
             self.datapipe = request.pause_fn(self.datapipe)
         self.paused = True
-        self.control.send(PauseResponse(self.capture()))
+        self.control.send(PauseResponse(self.snapshot()))
 
     def _on_resume(self, request: ResumeRequest) -> None:
         if request.resume_fn is not None:
@@ -290,9 +285,9 @@ class DispatcherLoop:
         self.control.send(TerminateResponse())
 
     def _on_get_state(self, request: GetStateRequest) -> None:
-        self.control.send(GetStateResponse(self.capture(request.include_datapipe_states)))
+        self.control.send(GetStateResponse(self.snapshot(request.include_datapipe_states)))
 
-    def capture(self, include_datapipe_states: bool = True) -> WorkerSnapshot:
+    def snapshot(self, include_datapipe_states: bool = True) -> WorkerSnapshot:
         """The dispatcher's snapshot; a consistent cut with the workers when taken while paused."""
         graph = graph_datapipes(self.datapipe)
         return WorkerSnapshot(
@@ -306,7 +301,7 @@ class DispatcherLoop:
             exhausted=self.ended is not None,
             paused=self.paused,
             datapipe_yields=datapipe_yields(graph),
-            datapipe_states=capture_datapipe_states(graph) if include_datapipe_states else {},
+            datapipe_states=datapipe_state_dicts(graph) if include_datapipe_states else {},
             sent_per_worker=tuple(self.sent),
         )
 

@@ -3,7 +3,7 @@
 The reading service only orchestrates: it splits the graph (replicable branch to the workers,
 non-replicable tail in the main process), starts the processes, and drives them through
 :class:`~torchdata_snapshot._consumer.WorkerConsumer`. The protocol is described in
-NOTE [ Snapshot protocol ] (:mod:`torchdata_snapshot._worker`).
+NOTE [ Snapshot protocol ] (:mod:`torchdata_snapshot._messages`).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from torchdata_snapshot._errors import (
     ReadingServiceError,
     WorkerDiedError,
 )
+from torchdata_snapshot._graph import datapipe_state_dicts, datapipe_yields, graph_datapipes, pausable, paused
 from torchdata_snapshot._messages import (
     ErrorResponse,
     GetStateRequest,
@@ -68,15 +69,8 @@ from torchdata_snapshot._options import (
 from torchdata_snapshot._outlet import Outlet
 from torchdata_snapshot._rng import IsolatedRNG
 from torchdata_snapshot._seeds import load_seed_state, seed_state
-from torchdata_snapshot._snapshot import (
-    WorkerSnapshot,
-    capture_datapipe_states,
-    datapipe_yields,
-    graph_datapipes,
-    pausable,
-    paused,
-)
 from torchdata_snapshot._worker import run_worker
+from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
 __all__ = ["MultiProcessingReadingService"]
 
@@ -704,11 +698,11 @@ class MultiProcessingReadingService(
             sent=delivered,
             buffered=0,
             received=delivered,
-            delivered=delivered,
+            handed_on=delivered,
             exhausted=self._end_datapipe.finished,
             paused=self._paused,
             datapipe_yields=datapipe_yields(graph),
-            datapipe_states=capture_datapipe_states(graph),
+            datapipe_states=datapipe_state_dicts(graph),
         )
 
     def __repr__(self) -> str:

@@ -21,10 +21,10 @@ from typing import Any, Iterator, Optional, Tuple
 
 import torch
 
-__all__ = ["IsolatedRNG", "capture_global_rng", "install_global_rng"]
+__all__ = ["IsolatedRNG", "global_rng_state", "set_global_rng_state"]
 
 
-def capture_global_rng() -> Tuple[Any, Any, Any]:
+def global_rng_state() -> Tuple[Any, Any, Any]:
     """The states of ``random``, ``torch`` (CPU) and ``numpy`` (if imported) global RNGs."""
     numpy = sys.modules.get("numpy")
     return (
@@ -34,8 +34,8 @@ def capture_global_rng() -> Tuple[Any, Any, Any]:
     )
 
 
-def install_global_rng(state: Tuple[Any, Any, Any]) -> None:
-    """Set the global RNGs to a state taken by :func:`capture_global_rng`."""
+def set_global_rng_state(state: Tuple[Any, Any, Any]) -> None:
+    """Set the global RNGs to a state taken by :func:`global_rng_state`."""
     python_state, torch_state, numpy_state = state
     random.setstate(python_state)
     torch.set_rng_state(torch_state)
@@ -52,11 +52,11 @@ class IsolatedRNG:
     @contextmanager
     def active(self) -> Iterator[None]:
         """Run the block with the pipeline's global RNG states; the caller's are restored after."""
-        callers = capture_global_rng()
+        callers = global_rng_state()
         if self._state is not None:
-            install_global_rng(self._state)
+            set_global_rng_state(self._state)
         try:
             yield
         finally:
-            self._state = capture_global_rng()
-            install_global_rng(callers)
+            self._state = global_rng_state()
+            set_global_rng_state(callers)

@@ -76,8 +76,8 @@ from torchdata_snapshot._compat import (
     unbatch_dive,
 )
 from torchdata_snapshot._errors import StateCaptureError, StateRestoreError
-from torchdata_snapshot._rng import capture_global_rng, install_global_rng
-from torchdata_snapshot._snapshot import capture_datapipe_states, describe_datapipe, graph_datapipes
+from torchdata_snapshot._graph import datapipe_state_dicts, describe_datapipe, graph_datapipes
+from torchdata_snapshot._rng import global_rng_state, set_global_rng_state
 
 __all__ = [
     "ADAPTERS",
@@ -516,7 +516,7 @@ def capture_graph_state(graph: List[Tuple[str, DataPipe]]) -> bytes:
 
     Raises :class:`StateCaptureError` naming the DataPipe whose state fails or does not pickle.
     """
-    states: Dict[str, Any] = {_RNG_KEY: capture_global_rng()}
+    states: Dict[str, Any] = {_RNG_KEY: global_rng_state()}
     for key, dp in graph:
         if not _started_since_forgotten(dp):
             continue  # not started in this epoch (or pass): it will start afresh after a restore too
@@ -533,7 +533,7 @@ def capture_graph_state(graph: List[Tuple[str, DataPipe]]) -> bytes:
     try:
         return pickle.dumps(states, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:
-        capture_datapipe_states(graph)  # names the DataPipe and attribute that do not pickle
+        datapipe_state_dicts(graph)  # names the DataPipe and attribute that do not pickle
         raise StateCaptureError(f"the graph's state cannot be pickled: {type(e).__name__}: {e}") from e
 
 
@@ -555,7 +555,7 @@ def load_graph_state(graph: List[Tuple[str, DataPipe]], blob: bytes) -> None:
         except Exception as e:
             what = f"load_state_dict() of DataPipe {key} ({describe_datapipe(dp)})"
             raise StateRestoreError(f"{what} raised {type(e).__name__}: {e}") from e
-    install_global_rng(states[_RNG_KEY])
+    set_global_rng_state(states[_RNG_KEY])
 
 
 def forget_loaded_states(datapipes: Iterable[DataPipe]) -> None:

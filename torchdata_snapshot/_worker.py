@@ -1,98 +1,7 @@
 """The worker loop: serves the requests of one channel and streams items under credit.
 
-NOTE [ Snapshot protocol ]
-==========================
-
-Processes and pipes
--------------------
-The main process owns one :class:`~torchdata_snapshot._channel.Channel` per worker: a request
-pipe (main -> worker) and a response pipe (worker -> main). Each pipe has exactly one writer,
-so the order in which a worker sends its responses is the order in which main reads them; data
-and control responses share the response pipe, and a control response therefore marks an exact
-position in the worker's item stream.
-
-Streaming under credit
-----------------------
-Upstream sends one ``GetNextRequest`` per item and waits for its answer. Here the main process
-grants *credit*: ``GetNextRequest(epoch, count)`` allows the worker to send ``count`` more items.
-The worker loop produces while it has credit and hands each item, pickled, to its outbox (see
-:mod:`torchdata_snapshot._outbox`): one thread that writes everything the worker sends, in order,
-as ``ItemsResponse`` batches of whatever has accumulated (bounded by count and bytes, see
-:class:`BatchingOptions`), so no item waits for a slow next one. The main process keeps at most
-a window of ``worker_prefetch_cnt + ceil(main_prefetch_cnt / num_workers) + 1`` items
-outstanding per worker and tops the credit up when half of it was used. Items the user has not
-taken yet wait in the outbox, the pipe or the main process's buffer; no thread polls anything.
-
-Counters, per worker and epoch (always true between two messages):
-
-* worker:  ``produced == sent + buffered`` (``buffered``: in the outbox), ``produced <= credit``;
-* main:    ``received == delivered + buffered_in_main``, and ``received <= produced``;
-* after main has read a worker's ``GetStateResponse``: ``received == produced`` as of the
-  answer, because the answer follows every item produced before it on the same pipe.
-
-The order of items handed to the user never depends on timing: main takes one item from each
-live worker in turn (worker 0, 1, ..., N-1, 0, ...), skipping workers whose stream has ended;
-each worker's stream is a deterministic function of its graph and its seed.
-
-Requests and their handlers (the worker loop runs the graph and serves requests in one thread,
-so while it serves a request its DataPipes are paused by construction):
-
-================== =============================================================== ===================
-request            handler                                                          response
-================== =============================================================== ===================
-ResetEpochRequest  seed the graph (``process_reset_fn``), fresh iterator,           ResetEpochResponse
-                   credit and counters to zero
-ReplayRequest      load the graph state if given, produce and drop the next ``skip`` ReplayResponse
-                   items (restore), check their running digest
-GetNextRequest     add credit (ignored if for another epoch)                        (items, states)
-PauseRequest       send what is produced, ``pause()`` DataPipes, apply ``pause_fn`` PauseResponse
-ResumeRequest      apply ``resume_fn``, ``resume()`` DataPipes                      ResumeResponse
-LimitRequest       apply ``limit_fn`` (upstream semantics)                          LimitResponse
-GetStateRequest    pause threaded DataPipes, capture counts and states, resume     GetStateResponse
-TerminateRequest   stop serving                                                     TerminateResponse
-anything else      --                                                               ErrorResponse
-================== =============================================================== ===================
-
-A handler that fails answers ``ErrorResponse`` (the exception travels as a value) and the loop
-keeps serving. An exception raised by the graph while producing ends the worker's stream for the
-epoch with ``WorkerExceptionResponse``, after the items produced before it.
-
-``snapshot()`` (main process): send ``GetStateRequest`` to every worker, then read each worker's
-pipe up to its ``GetStateResponse``, buffering the items read on the way. No pause/resume round
-trip is needed for the workers themselves. With a dispatching process: pause the workers, pause
-the dispatcher and take its state, let each worker read what the dispatcher already sent, take
-the workers' states, resume the dispatcher, then the workers.
-
-Checkpoint and restore
-----------------------
-``checkpoint()`` needs no message at all: it records what the *user* received. The outlet (the
-last DataPipe) pops, for every item it hands to the user, the worker id the consumer pushed when
-it handed that item downstream; so the user's position in each worker's stream is known exactly
-whatever the main-process tail buffers. Each ``ItemsResponse`` carries the worker's running
-digest after each of its items (see :mod:`torchdata_snapshot._digest`). A stateful graph (see
-:mod:`torchdata_snapshot._stateful`) also sends ``StateMarkResponse(position, state)`` right
-behind an item, as often as ``CAPTURE_TIME_BUDGET`` of its production time allows and at most
-every ``state_interval`` items. The checkpoint keeps, per worker, the running digest at the
-user's position and the latest state strictly behind it (so that a restore always replays, and
-checks, at least one item), the epoch's seeds and the round-robin's next worker.
-
-``restore()`` replays from the latest state (or from the epoch's start): the epoch restarts
-with the recorded seeds (``ResetEpochRequest``), the dispatcher (if any) is reset, and each
-worker gets ``ReplayRequest(skip, digest, state)``: it loads the state, produces and drops the
-``skip`` items after it inside its process, checks that their running digest ends as recorded,
-then streams from there under credit as usual. A worker whose stream had ended ends again at
-the same place, so the round-robin's order continues exactly. Main-process tails that are not
-one-to-one (and ``num_workers=0``) are replayed by the outlet itself.
-
-Liveness and shutdown
----------------------
-Every blocking wait has a timeout (``LIVENESS_CHECK_INTERVAL_S``) after which the waiter checks
-the other side: the main process checks the worker's exit code (and raises naming worker id, pid
-and exit code), a worker checks that the training process still exists (its parent, or under
-``forkserver`` the sentinel multiprocessing hands it; see ``ParentWatch``). The main process
-closes its copies of the workers' pipe ends, so a dead worker is also seen at once as end-of-file. Shutdown
-sends ``TerminateRequest``, reads until ``TerminateResponse`` (bounded), joins with a timeout and
-kills what is left; it is idempotent.
+The loop's requests, their handlers and the counters they keep are described in
+NOTE [ Snapshot protocol ] (:mod:`torchdata_snapshot._messages`).
 """
 
 from __future__ import annotations
@@ -132,6 +41,7 @@ from torchdata_snapshot._constants import (
 from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex, parse_chain_hex
 from torchdata_snapshot._dispatch import DispatchedSource, find_dispatched_sources
 from torchdata_snapshot._errors import ProtocolError, ReplayDivergenceError, StateCaptureError
+from torchdata_snapshot._graph import datapipe_state_dicts, datapipe_yields, graph_datapipes, pausable, paused
 from torchdata_snapshot._messages import (
     ErrorResponse,
     GetNextRequest,
@@ -157,14 +67,6 @@ from torchdata_snapshot._messages import (
 )
 from torchdata_snapshot._options import WorkerOptions
 from torchdata_snapshot._outbox import Outbox
-from torchdata_snapshot._snapshot import (
-    WorkerSnapshot,
-    capture_datapipe_states,
-    datapipe_yields,
-    graph_datapipes,
-    pausable,
-    paused,
-)
 from torchdata_snapshot._stateful import (
     capture_graph_state,
     load_graph_state,
@@ -172,6 +74,7 @@ from torchdata_snapshot._stateful import (
     reset_graph_state,
     unresumable_datapipe,
 )
+from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
 __all__ = [
     "WorkerLoop",
@@ -500,7 +403,7 @@ class WorkerLoop:
         if request.dispatcher_sent is not None:
             for source in self._sources:  # the paused dispatcher's items still in flight
                 source.drain_until(request.dispatcher_sent)
-        self.outbox.put(GetStateResponse(self.capture(request.include_datapipe_states)))
+        self.outbox.put(GetStateResponse(self.snapshot(request.include_datapipe_states)))
 
     @_handles(TerminateRequest)
     def _on_terminate(self, request: TerminateRequest) -> None:
@@ -510,11 +413,11 @@ class WorkerLoop:
 
     # --- state ----------------------------------------------------------------------------------
 
-    def capture(self, include_datapipe_states: bool = True) -> WorkerSnapshot:
+    def snapshot(self, include_datapipe_states: bool = True) -> WorkerSnapshot:
         """The worker's snapshot now; DataPipes with their own threads are paused around it."""
         sent, batches = self.outbox.counters()
         with paused([] if self.paused else pausable(dp for _, dp in self._graph)):
-            states = capture_datapipe_states(self._graph) if include_datapipe_states else {}
+            states = datapipe_state_dicts(self._graph) if include_datapipe_states else {}
             yields = datapipe_yields(self._graph)
         return WorkerSnapshot(
             worker_id=self.worker_info.worker_id,

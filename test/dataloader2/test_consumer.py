@@ -113,12 +113,12 @@ def test_snapshot_counts_add_up(running, k: int) -> None:  # type: ignore[no-unt
     taken = [next(it) for _ in range(k)]
     snaps = r.consumer.request_snapshot()
     assert len(taken) == k
-    assert sum(s.delivered for s in snaps) == k
+    assert sum(s.handed_on for s in snaps) == k
     for s in snaps:
         assert s.produced == s.sent + s.buffered
         assert s.produced == s.received, "every item produced before the answer has been read"
-        assert s.received == s.delivered + s.buffered_in_main
-        assert s.produced <= s.delivered + 4, "never more than the credit window ahead"
+        assert s.received == s.handed_on + s.buffered_in_main
+        assert s.produced <= s.handed_on + 4, "never more than the credit window ahead"
 
 
 def test_production_follows_credit(running) -> None:  # type: ignore[no-untyped-def]

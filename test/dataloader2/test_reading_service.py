@@ -38,9 +38,10 @@ def assert_consistent(snaps: List[WorkerSnapshot], num_workers: int, delivered: 
         assert s.role == "worker"
         assert s.produced == s.sent + s.buffered
         assert s.produced == s.received
-        assert s.received == s.delivered + s.buffered_in_main
+        assert s.received == s.handed_on + s.buffered_in_main
+        assert s.delivered == s.handed_on, "the former name still answers"
     if delivered is not None:
-        assert sum(s.delivered for s in snaps) == delivered
+        assert sum(s.handed_on for s in snaps) == delivered
 
 
 # --- drop-in -------------------------------------------------------------------------------------
@@ -323,7 +324,7 @@ def test_snapshot_with_num_workers_0(make_dl: Any) -> None:
     take(it, 4)
     (snap,) = dl.reading_service.snapshot()
     assert (snap.role, snap.worker_id, snap.pid, snap.epoch) == ("in_process", 0, os.getpid(), 0)
-    assert snap.produced == snap.delivered == 4
+    assert snap.produced == snap.handed_on == 4
     assert snap.datapipe_yields["1:MapperIterDataPipe"] == 4
 
 

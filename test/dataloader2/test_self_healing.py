@@ -82,7 +82,7 @@ def test_a_restart_during_a_snapshot_resends_the_request(make_dl: Any) -> None:
     os.kill(dl.reading_service.snapshot()[1].pid, signal.SIGKILL)
     with pytest.warns(RuntimeWarning, match="restarting it"):
         snaps = dl.reading_service.snapshot()
-    assert sum(s.delivered for s in snaps) == 7
+    assert sum(s.handed_on for s in snaps) == 7
     assert got + list(it) == reference
 
 

@@ -17,7 +17,7 @@ from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import FileLister, IterableWrapper, IterDataPipe
 
 from torchdata_snapshot import StateRestoreError, register_state_functions
-from torchdata_snapshot._snapshot import graph_datapipes
+from torchdata_snapshot._graph import graph_datapipes
 from torchdata_snapshot._stateful import (
     capture_graph_state,
     load_graph_state,

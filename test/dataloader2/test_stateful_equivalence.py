@@ -24,7 +24,7 @@ from torchdata.dataloader2.graph import set_graph_random_seed
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import FileLister, IterableWrapper, IterDataPipe
 
-from torchdata_snapshot._snapshot import graph_datapipes
+from torchdata_snapshot._graph import graph_datapipes
 from torchdata_snapshot._stateful import (
     _STATE_FUNCTIONS,
     ADAPTERS,

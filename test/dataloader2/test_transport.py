@@ -43,7 +43,7 @@ def test_pause_limit_and_snapshots_stay_exact_with_batching(make_dl: Any, batchi
     it.limit(7)
     got = list(it)
     *workers, dispatcher = dl.reading_service.snapshot()
-    assert sum(s.delivered for s in workers) == 7
+    assert sum(s.handed_on for s in workers) == 7
     assert dispatcher.sent_per_worker == tuple(w.received_from_dispatcher for w in workers)
     it.limit(None)
     it.resume()
