@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Type
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence
 
 import torch
 from torch.utils.data import IterDataPipe
@@ -46,28 +46,22 @@ from torchdata_snapshot._constants import (
     NO_EPOCH,
 )
 from torchdata_snapshot._errors import ProtocolError, ReadingServiceError
-from torchdata_snapshot._graph import datapipe_state_dicts, datapipe_yields, graph_datapipes, pausable
+from torchdata_snapshot._graph import datapipe_state_dicts, datapipe_yields, graph_datapipes
 from torchdata_snapshot._messages import (
     ErrorResponse,
     GetNextRequest,
     GetStateRequest,
     GetStateResponse,
     ItemsResponse,
-    LimitRequest,
-    LimitResponse,
-    PauseRequest,
     PauseResponse,
-    Request,
     ResetEpochRequest,
     ResetEpochResponse,
-    ResumeRequest,
-    ResumeResponse,
+    Response,
     StopIterationResponse,
-    TerminateRequest,
-    TerminateResponse,
     WorkerExceptionResponse,
 )
 from torchdata_snapshot._options import BatchingOptions
+from torchdata_snapshot._serving import ServingLoop
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
 __all__ = [
@@ -84,14 +78,14 @@ class _End:
 _END = _End()
 
 
-class DispatcherLoop:
+class DispatcherLoop(ServingLoop):
     """Serves the control endpoint (main process) and one endpoint per worker.
 
     Counters for the current epoch: ``produced`` items taken from the graph, ``sent[w]`` items
     sent to worker ``w``; always ``produced == sum(sent) + sum(len(pending))``.
     """
 
-    HANDLERS: Dict[Type[Request], Callable[[DispatcherLoop, Any], None]]
+    name = "dispatching process"
 
     def __init__(
         self,
@@ -223,18 +217,14 @@ class DispatcherLoop:
         wrapped = ExceptionWrapper((type(error), error, None), where="in dispatching process")
         self.workers[worker_id].send(ErrorResponse(name, wrapped))
 
-    def _handle(self, request: Any) -> None:
-        handler = self.HANDLERS.get(type(request))
-        try:
-            if handler is None:
-                name = type(request).__name__
-                raise ProtocolError(f"the dispatching process does not handle request {name!r} ({request!r})")
-            handler(self, request)
-        except ParentGone:
-            raise
-        except Exception:
-            where = f"in dispatching process while serving {type(request).__name__}"
-            self.control.send(ErrorResponse(type(request).__name__, ExceptionWrapper(where=where)))
+    def _reply(self, response: Response) -> None:
+        self.control.send(response)
+
+    def _datapipes(self) -> List[DataPipe]:
+        return [dp for _, dp in graph_datapipes(self.datapipe)]
+
+    def _pause_response(self) -> PauseResponse:
+        return PauseResponse(self.snapshot())  # the dispatcher's side of a consistent cut
 
     # --- handlers (control endpoint) ------------------------------------------------------------
 
@@ -256,36 +246,10 @@ class DispatcherLoop:
             self.end_sent[w] = False
         self.ended = None
         self.iterator = iter(self.datapipe)
-        self.control.send(ResetEpochResponse(self.epoch))
-
-    def _on_pause(self, request: PauseRequest) -> None:
-        for dp in pausable(dp for _, dp in graph_datapipes(self.datapipe)):
-            dp.pause()
-        if request.pause_fn is not None:
-            self.datapipe = request.pause_fn(self.datapipe)
-        self.paused = True
-        self.control.send(PauseResponse(self.snapshot()))
-
-    def _on_resume(self, request: ResumeRequest) -> None:
-        if request.resume_fn is not None:
-            self.datapipe = request.resume_fn(self.datapipe)
-        for dp in reversed(pausable(dp for _, dp in graph_datapipes(self.datapipe))):
-            dp.resume()
-        self.paused = False
-        self.control.send(ResumeResponse())
-
-    def _on_limit(self, request: LimitRequest) -> None:
-        if request.limit_fn is not None:
-            self.datapipe = request.limit_fn(self.datapipe, request.num_batches)
-        self.control.send(LimitResponse())
-
-    def _on_terminate(self, request: TerminateRequest) -> None:
-        self.terminated = True
-        self.iterator = None
-        self.control.send(TerminateResponse())
+        self._reply(ResetEpochResponse(self.epoch))
 
     def _on_get_state(self, request: GetStateRequest) -> None:
-        self.control.send(GetStateResponse(self.snapshot(request.include_datapipe_states)))
+        self._reply(GetStateResponse(self.snapshot(request.include_datapipe_states)))
 
     def snapshot(self, include_datapipe_states: bool = True) -> WorkerSnapshot:
         """The dispatcher's snapshot; a consistent cut with the workers when taken while paused."""
@@ -307,12 +271,9 @@ class DispatcherLoop:
 
 
 DispatcherLoop.HANDLERS = {
-    ResetEpochRequest: DispatcherLoop._on_reset_epoch,
-    PauseRequest: DispatcherLoop._on_pause,
-    ResumeRequest: DispatcherLoop._on_resume,
-    LimitRequest: DispatcherLoop._on_limit,
-    GetStateRequest: DispatcherLoop._on_get_state,
-    TerminateRequest: DispatcherLoop._on_terminate,
+    **ServingLoop.HANDLERS,
+    ResetEpochRequest: "_on_reset_epoch",
+    GetStateRequest: "_on_get_state",
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+from typing import Any, List, Optional, Tuple
 
 import torch
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
@@ -47,26 +47,21 @@ from torchdata_snapshot._messages import (
     GetNextRequest,
     GetStateRequest,
     GetStateResponse,
-    LimitRequest,
-    LimitResponse,
-    PauseRequest,
-    PauseResponse,
     ReplayProgressResponse,
     ReplayRequest,
     ReplayResponse,
     Request,
     ResetEpochRequest,
     ResetEpochResponse,
-    ResumeRequest,
-    ResumeResponse,
+    Response,
     StateMarkResponse,
     StopIterationResponse,
     TerminateRequest,
-    TerminateResponse,
     WorkerExceptionResponse,
 )
 from torchdata_snapshot._options import WorkerOptions
 from torchdata_snapshot._outbox import Outbox
+from torchdata_snapshot._serving import ServingLoop
 from torchdata_snapshot._stateful import (
     capture_graph_state,
     load_graph_state,
@@ -83,23 +78,11 @@ __all__ = [
 ]
 
 
-def _handles(request_type: Type[Request]) -> Callable[[Callable], Callable]:
-    """Register the decorated method as the handler of ``request_type`` (see ``WorkerLoop.HANDLERS``)."""
-
-    def register(method: Callable) -> Callable:
-        method._handles = request_type  # type: ignore[attr-defined]
-        return method
-
-    return register
-
-
-class WorkerLoop:
+class WorkerLoop(ServingLoop):
     """Serves one :class:`Endpoint` for the graph ``datapipe`` until ``TerminateRequest``.
 
-    ``HANDLERS`` is the one place that maps a request type to its handler.
+    ``HANDLERS`` (below the class) is the one place that maps a request type to its handler.
     """
-
-    HANDLERS: Dict[Type[Request], Callable[[WorkerLoop, Any], None]]
 
     def __init__(
         self,
@@ -268,25 +251,20 @@ class WorkerLoop:
         self.exhausted = True
         self.iterator = None
 
-    def _handle(self, request: Any) -> None:
-        handler = self.HANDLERS.get(type(request))
+    def _handle(self, request: Request) -> None:
         if self.init_error is not None and not isinstance(request, TerminateRequest):
-            self.outbox.put(ErrorResponse(type(request).__name__, self.init_error))
+            self._reply(ErrorResponse(type(request).__name__, self.init_error))  # nothing else works
             return
-        try:
-            if handler is None:
-                name = type(request).__name__
-                raise ProtocolError(f"{self.name} does not handle request {name!r} ({request!r})")
-            handler(self, request)
-        except ParentGone:
-            raise
-        except Exception:
-            where = f"in {self.name} while serving {type(request).__name__}"
-            self.outbox.put(ErrorResponse(type(request).__name__, ExceptionWrapper(where=where)))
+        super()._handle(request)
+
+    def _reply(self, response: Response) -> None:
+        self.outbox.put(response)  # behind every item produced so far
+
+    def _datapipes(self) -> List[DataPipe]:
+        return [dp for _, dp in self._graph]
 
     # --- handlers -------------------------------------------------------------------------------
 
-    @_handles(ResetEpochRequest)
     def _on_reset_epoch(self, request: ResetEpochRequest) -> None:
         self.iterator = None
         reset_graph_state(self._graph)
@@ -311,7 +289,6 @@ class WorkerLoop:
         self.iterator = iter(self.datapipe)
         self.outbox.put(ResetEpochResponse(self.epoch))
 
-    @_handles(ReplayRequest)
     def _on_replay(self, request: ReplayRequest) -> None:
         if request.epoch != self.epoch or self.produced or self.iterator is None:
             raise ProtocolError(
@@ -366,50 +343,15 @@ class WorkerLoop:
         self.digest = digest
         self.produced = start + skip
 
-    @_handles(GetNextRequest)
     def _on_get_next(self, request: GetNextRequest) -> None:
         if request.epoch == self.epoch:
             self.credit += request.count
 
-    @_handles(PauseRequest)
-    def _on_pause(self, request: PauseRequest) -> None:
-        for dp in pausable(dp for _, dp in self._graph):
-            dp.pause()
-        if request.pause_fn is not None:
-            self.datapipe = request.pause_fn(self.datapipe)
-        self.paused = True
-        self.outbox.put(PauseResponse())
-
-    @_handles(ResumeRequest)
-    def _on_resume(self, request: ResumeRequest) -> None:
-        if request.resume_fn is not None:
-            self.datapipe = request.resume_fn(self.datapipe)
-        for dp in reversed(pausable(dp for _, dp in self._graph)):
-            dp.resume()
-        self.paused = False
-        self.outbox.put(ResumeResponse())
-
-    @_handles(LimitRequest)
-    def _on_limit(self, request: LimitRequest) -> None:
-        if request.limit_fn is not None:
-            num_batches = (
-                request.num_batches if request.worker_num_batches is None else request.worker_num_batches
-            )
-            self.datapipe = request.limit_fn(self.datapipe, num_batches)
-        self.outbox.put(LimitResponse())
-
-    @_handles(GetStateRequest)
     def _on_get_state(self, request: GetStateRequest) -> None:
         if request.dispatcher_sent is not None:
             for source in self._sources:  # the paused dispatcher's items still in flight
                 source.drain_until(request.dispatcher_sent)
         self.outbox.put(GetStateResponse(self.snapshot(request.include_datapipe_states)))
-
-    @_handles(TerminateRequest)
-    def _on_terminate(self, request: TerminateRequest) -> None:
-        self.terminated = True
-        self.iterator = None
-        self.outbox.put(TerminateResponse())
 
     # --- state ----------------------------------------------------------------------------------
 
@@ -438,9 +380,11 @@ class WorkerLoop:
 
 
 WorkerLoop.HANDLERS = {
-    method._handles: method
-    for method in vars(WorkerLoop).values()
-    if callable(method) and hasattr(method, "_handles")
+    **ServingLoop.HANDLERS,
+    ResetEpochRequest: "_on_reset_epoch",
+    ReplayRequest: "_on_replay",
+    GetNextRequest: "_on_get_next",
+    GetStateRequest: "_on_get_state",
 }
 
 
