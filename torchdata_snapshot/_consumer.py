@@ -17,9 +17,8 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequenc
 from torch.utils.data import IterDataPipe
 from torchdata.dataloader2.graph import DataPipe
 
-from torchdata_snapshot._channel import Channel, ItemDecoder
+from torchdata_snapshot._channel import Channel
 from torchdata_snapshot._checkpoint import GraphState, WorkerPosition
-from torchdata_snapshot._compat import ExceptionWrapper
 from torchdata_snapshot._constants import (
     CLOSED_EPOCH,
     DEFAULT_CONTROL_TIMEOUT_S,
@@ -52,11 +51,10 @@ from torchdata_snapshot._messages import (
     ResumeRequest,
     ResumeResponse,
     StateMarkResponse,
-    StopIterationResponse,
     TerminateRequest,
     TerminateResponse,
-    WorkerExceptionResponse,
 )
+from torchdata_snapshot._stream import END, Credit, Raised, file_response
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
 __all__ = ["WorkerConsumer", "credit_window"]
@@ -90,29 +88,13 @@ class _Healed(Exception):
     """Raised by ``_read`` after a dead worker was replaced: the read is to be done again."""
 
 
-class _EndOfStream:
-    """Buffer entry: the worker's stream ends here (``StopIterationResponse``)."""
-
-
-_END = _EndOfStream()
-
-
-class _Raise:
-    """Buffer entry: the worker's graph raised here; re-raise when the consumer reaches it."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: ExceptionWrapper) -> None:
-        self.exc = exc
-
-
 class WorkerConsumer(IterDataPipe):
     """Round-robin over the workers' streams, with credit-based prefetching and exact counts.
 
     Counters per worker for the current epoch (NOTE [ Snapshot protocol ]):
     ``received[i]`` items read from worker ``i``, ``delivered[i]`` items handed downstream,
-    ``granted[i]`` credit sent; always ``received[i] == delivered[i] + len(buffers[i])`` (not
-    counting end markers) and ``delivered[i] <= received[i] <= granted[i]``.
+    ``credits[i].granted`` credit sent; always ``received[i] == delivered[i] + len(buffers[i])``
+    (not counting end markers) and ``delivered[i] <= received[i] <= credits[i].granted``.
     """
 
     def __init__(
@@ -138,7 +120,7 @@ class WorkerConsumer(IterDataPipe):
         self.buffers: List[Deque[Any]] = [deque() for _ in self.channels]
         self.received = [0] * self.num_workers
         self.delivered = [0] * self.num_workers
-        self.granted = [0] * self.num_workers
+        self.credits = [Credit(window) for _ in self.channels]
         self.exhausted = [True] * self.num_workers  # nothing to read before the first epoch
         self.next_worker = 0
         # Replay verification: each worker's running digests, per received batch
@@ -197,11 +179,11 @@ class WorkerConsumer(IterDataPipe):
                         pass  # a fresh worker continues exactly where the dead one stopped
                     continue
                 item = buffer.popleft()
-                if item is _END:
+                if item is END:
                     self.exhausted[worker_id] = True
                     self.next_worker = (worker_id + 1) % self.num_workers
                     continue
-                if isinstance(item, _Raise):
+                if isinstance(item, Raised):
                     self.exhausted[worker_id] = True
                     item.exc.reraise()
                 self.delivered[worker_id] += 1
@@ -212,10 +194,8 @@ class WorkerConsumer(IterDataPipe):
                 return item
 
     def _top_up(self, worker_id: int) -> None:
-        outstanding = self.granted[worker_id] - self.delivered[worker_id]
-        if outstanding * 2 <= self.window:
-            count = self.window - outstanding
-            self.granted[worker_id] += count
+        count = self.credits[worker_id].top_up(self.delivered[worker_id])
+        if count:
             try:
                 self.channels[worker_id].send(GetNextRequest(self.epoch, count))
             except WorkerDiedError as e:
@@ -233,8 +213,8 @@ class WorkerConsumer(IterDataPipe):
         channel = self.channels[worker_id]
         try:
             response = channel.recv(timeout_s, what=what)
-            if isinstance(response, ItemsResponse):
-                items = ItemDecoder.decode(response.count, response.payload)
+            first = self.received[worker_id] + 1
+            added = file_response(response, self.epoch, self.buffers[worker_id])
         except WorkerError as e:
             if self.closed:
                 raise ReadingServiceClosedError(
@@ -248,27 +228,19 @@ class WorkerConsumer(IterDataPipe):
         except BaseException as e:
             self.broken = f"{type(e).__name__} while waiting for {what}"
             raise
-        if isinstance(response, ItemsResponse):
-            if response.epoch == self.epoch:
-                self.buffers[worker_id].extend(items)
+        if added is not None:
+            if added:
+                assert isinstance(response, ItemsResponse)
                 if response.digests is not None:
-                    self.digests[worker_id].append((self.received[worker_id] + 1, response.digests))
-                self.received[worker_id] += response.count
+                    self.digests[worker_id].append((first, response.digests))
+                self.received[worker_id] += added
                 self._prune_digests(worker_id, self._kept_position(worker_id))
-            return None
-        if isinstance(response, StopIterationResponse):
-            if response.epoch == self.epoch:
-                self.buffers[worker_id].append(_END)
             return None
         if isinstance(response, StateMarkResponse):
             if response.epoch == self.epoch:
                 digest = self.position_digest(worker_id, response.position)
                 self.states[worker_id].append((response.position, response.state, digest))
                 self.position_state(worker_id, self._kept_position(worker_id))
-            return None
-        if isinstance(response, WorkerExceptionResponse):
-            if response.epoch in (None, self.epoch):
-                self.buffers[worker_id].append(_Raise(response.exc))
             return None
         return response
 
@@ -384,7 +356,8 @@ class WorkerConsumer(IterDataPipe):
             self.states[worker_id].clear()
             self.best_states[worker_id] = position.state
             done = position.delivered
-            self.received[worker_id] = self.delivered[worker_id] = self.granted[worker_id] = done
+            self.received[worker_id] = self.delivered[worker_id] = done
+            self.credits[worker_id] = Credit(self.window, granted=done)
             self.exhausted[worker_id] = False
         self.next_worker = next_worker
 
@@ -476,7 +449,7 @@ class WorkerConsumer(IterDataPipe):
                         answer.exc.reraise()
                     if isinstance(answer, expected):
                         break
-            outstanding = self.granted[worker_id] - position
+            outstanding = self.credits[worker_id].granted - position
             if outstanding > 0:
                 channel.send(GetNextRequest(self.epoch, outstanding))
         except BaseException as e:

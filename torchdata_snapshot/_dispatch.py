@@ -31,7 +31,6 @@ from torchdata.dataloader2.utils import WorkerInfo
 from torchdata_snapshot._channel import (
     Channel,
     Endpoint,
-    ItemDecoder,
     ItemEncoder,
     ParentGone,
     ParentWatch,
@@ -52,7 +51,6 @@ from torchdata_snapshot._messages import (
     GetNextRequest,
     GetStateRequest,
     GetStateResponse,
-    ItemsResponse,
     PauseResponse,
     ResetEpochRequest,
     ResetEpochResponse,
@@ -62,6 +60,15 @@ from torchdata_snapshot._messages import (
 )
 from torchdata_snapshot._options import BatchingOptions
 from torchdata_snapshot._serving import ServingLoop
+from torchdata_snapshot._stream import (
+    END,
+    Credit,
+    QueuedItem,
+    Raised,
+    file_response,
+    items_message,
+    take_batch,
+)
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
 __all__ = [
@@ -69,13 +76,6 @@ __all__ = [
     "DispatcherLoop",
     "run_dispatcher",
 ]
-
-
-class _End:
-    pass
-
-
-_END = _End()
 
 
 class DispatcherLoop(ServingLoop):
@@ -112,7 +112,8 @@ class DispatcherLoop(ServingLoop):
         self.sent = [0] * self.num_workers
         self.pending: List[Deque[Any]] = [deque() for _ in self.workers]
         self.end_sent = [True] * self.num_workers
-        self.ended: Optional[Any] = None  # _END or an ExceptionWrapper once the graph stopped
+        self.encoder = ItemEncoder()
+        self.ended: Optional[Any] = None  # END or an ExceptionWrapper once the graph stopped
         self.paused = False
         self.terminated = False
 
@@ -177,12 +178,12 @@ class DispatcherLoop(ServingLoop):
             try:
                 item = next(self.iterator)
             except StopIteration:
-                self.ended = _END
+                self.ended = END
                 return
             except Exception:
                 self.ended = ExceptionWrapper(where="in dispatching process")
                 return
-            self.pending[target].append(item)
+            self.pending[target].append(QueuedItem(self.epoch, self.encoder.dumps(item)))
             self.produced += 1
             if time.perf_counter() - start >= self.batching.max_delay_s:
                 return
@@ -193,15 +194,13 @@ class DispatcherLoop(ServingLoop):
         for w, endpoint in enumerate(self.workers):
             pending = self.pending[w]
             while self.credit[w] and pending:
-                encoder = ItemEncoder()
-                while self.credit[w] and pending and encoder.count < self.batching.max_items:
-                    encoder.add(pending.popleft())
-                    self.credit[w] -= 1
-                count, payload = encoder.take()
-                endpoint.send(ItemsResponse(self.epoch, count, payload))
-                self.sent[w] += count
+                limit = min(self.credit[w], self.batching.max_items)
+                batch = take_batch(pending, limit, self.batching.max_bytes)
+                endpoint.send(items_message(batch))
+                self.credit[w] -= len(batch)
+                self.sent[w] += len(batch)
             if self.ended is not None and not pending and not self.end_sent[w]:
-                if self.ended is _END:
+                if self.ended is END:
                     endpoint.send(StopIterationResponse(self.epoch))
                 else:
                     endpoint.send(WorkerExceptionResponse(self.epoch, self.ended))
@@ -306,7 +305,7 @@ class DispatchedSource(IterDataPipe):
     """In a worker, the items the dispatching process sends to it, in order.
 
     Counters for the current epoch: ``received`` items read from the pipe, ``consumed`` items
-    handed to the graph, ``granted`` credit sent; ``received == consumed + len(buffer)``.
+    handed to the graph; ``credit`` what it granted; ``received == consumed + len(buffer)``.
     """
 
     def __init__(self, channel: Channel, window: int = DISPATCH_WINDOW) -> None:
@@ -314,12 +313,14 @@ class DispatchedSource(IterDataPipe):
         self.window = window
         self.epoch = NO_EPOCH
         self.buffer: Deque[Any] = deque()
-        self.received = self.consumed = self.granted = 0
+        self.received = self.consumed = 0
+        self.credit = Credit(window)
 
     def reset_epoch(self, epoch: int) -> None:
         self.epoch = epoch
         self.buffer.clear()
-        self.received = self.consumed = self.granted = 0
+        self.received = self.consumed = 0
+        self.credit = Credit(self.window)
 
     def __iter__(self) -> Iterator[Any]:
         while True:
@@ -328,34 +329,25 @@ class DispatchedSource(IterDataPipe):
                 self._read()
                 continue
             item = self.buffer.popleft()
-            if item is _END:
-                self.buffer.appendleft(_END)  # stays ended until the next epoch
+            if item is END:
+                self.buffer.appendleft(END)  # stays ended until the next epoch
                 return
-            if isinstance(item, ExceptionWrapper):
-                item.reraise()
+            if isinstance(item, Raised):
+                item.exc.reraise()
             self.consumed += 1
             self._top_up()
             yield item
 
     def _top_up(self) -> None:
-        outstanding = self.granted - self.consumed
-        if outstanding * 2 <= self.window:
-            self.channel.send(GetNextRequest(self.epoch, self.window - outstanding))
-            self.granted += self.window - outstanding
+        count = self.credit.top_up(self.consumed)
+        if count:
+            self.channel.send(GetNextRequest(self.epoch, count))
 
     def _read(self) -> None:
         response = self.channel.recv(timeout_s=None, what="a dispatched item")
-        if isinstance(response, ItemsResponse):
-            items = ItemDecoder.decode(response.count, response.payload)
-            if response.epoch == self.epoch:
-                self.buffer.extend(items)
-                self.received += response.count
-        elif isinstance(response, StopIterationResponse):
-            if response.epoch == self.epoch:
-                self.buffer.append(_END)
-        elif isinstance(response, WorkerExceptionResponse):
-            if response.epoch in (None, self.epoch):
-                self.buffer.append(response.exc)
+        added = file_response(response, self.epoch, self.buffer)
+        if added is not None:
+            self.received += added
         elif isinstance(response, ErrorResponse):
             response.exc.reraise()
         else:
@@ -374,7 +366,8 @@ class DispatchedSource(IterDataPipe):
         self.__dict__.update(state)
         self.channel = None  # type: ignore[assignment]
         self.epoch, self.buffer = NO_EPOCH, deque()
-        self.received = self.consumed = self.granted = 0
+        self.received = self.consumed = 0
+        self.credit = Credit(self.window)
 
 
 def find_dispatched_sources(datapipe: DataPipe) -> List[DispatchedSource]:

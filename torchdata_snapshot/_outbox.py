@@ -25,24 +25,17 @@ instead of producing into a queue nobody writes.
 from __future__ import annotations
 
 import threading
-from array import array
 from collections import deque
 from typing import Any, Deque, Optional, Tuple
 
 from torchdata_snapshot._channel import Endpoint, ParentGone
 from torchdata_snapshot._compat import ExceptionWrapper
 from torchdata_snapshot._constants import LIVENESS_CHECK_INTERVAL_S, NO_EPOCH, OUTBOX_CLOSE_TIMEOUT_S
-from torchdata_snapshot._messages import ItemsResponse, WorkerExceptionResponse
+from torchdata_snapshot._messages import WorkerExceptionResponse
 from torchdata_snapshot._options import BatchingOptions
+from torchdata_snapshot._stream import QueuedItem, items_message, take_batch
 
 __all__ = ["Outbox"]
-
-
-class _Item:
-    __slots__ = ("epoch", "payload", "digest")
-
-    def __init__(self, epoch: int, payload: bytes, digest: Optional[int]) -> None:
-        self.epoch, self.payload, self.digest = epoch, payload, digest
 
 
 class _Stop:
@@ -75,7 +68,7 @@ class Outbox:
 
     def put_item(self, epoch: int, payload: bytes, digest: Optional[int] = None) -> None:
         """Queue a pickled item, with the stream's running digest after it (or ``None``)."""
-        self._put(_Item(epoch, payload, digest))
+        self._put(QueuedItem(epoch, payload, digest))
 
     def put(self, message: Any) -> None:
         """Queue a message after everything queued before it."""
@@ -98,7 +91,7 @@ class Outbox:
         """A new epoch: drop the items of the old one not written yet, wait for a write in
         progress, and count from ``sent`` (items a restore replayed without sending them)."""
         with self._cond:
-            self._queue = deque(entry for entry in self._queue if not isinstance(entry, _Item))
+            self._queue = deque(entry for entry in self._queue if not isinstance(entry, QueuedItem))
         self.drain()
         with self._cond:
             self._epoch, self._sent, self._batches = epoch, sent, 0
@@ -136,20 +129,11 @@ class Outbox:
                 with self._cond:
                     while not self._queue:
                         self._cond.wait()
-                    head = self._queue.popleft()
-                    batch = [head] if isinstance(head, _Item) else None
-                    if batch is not None:
-                        size = len(head.payload)
-                        while (
-                            self._queue
-                            and isinstance(self._queue[0], _Item)
-                            and self._queue[0].epoch == head.epoch
-                            and len(batch) < self.batching.max_items
-                            and size < self.batching.max_bytes
-                        ):
-                            entry = self._queue.popleft()
-                            batch.append(entry)
-                            size += len(entry.payload)
+                    if isinstance(self._queue[0], QueuedItem):
+                        batch: Any = take_batch(self._queue, self.batching.max_items, self.batching.max_bytes)
+                        head = batch[0]
+                    else:
+                        batch, head = None, self._queue.popleft()
                     self._busy = True
                 if isinstance(head, _Stop):
                     return
@@ -178,12 +162,8 @@ class Outbox:
             self._cond.notify_all()
 
     def _write_batch(self, batch: Any) -> None:
-        epoch = batch[0].epoch  # always the current epoch: start_epoch() drops older items
-        digests = None
-        if batch[0].digest is not None:
-            digests = array("Q", [entry.digest for entry in batch]).tobytes()
-        payload = b"".join(entry.payload for entry in batch)
-        self.endpoint.send(ItemsResponse(epoch, len(batch), payload, digests))
+        # Always of the current epoch: start_epoch() drops older items.
+        self.endpoint.send(items_message(batch))
         with self._cond:
             self._sent += len(batch)
             self._batches += 1

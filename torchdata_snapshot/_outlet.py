@@ -27,7 +27,7 @@ from torchdata.dataloader2.graph import DataPipe
 
 from torchdata_snapshot._constants import NO_EPOCH
 from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
-from torchdata_snapshot._errors import ReplayDivergenceError
+from torchdata_snapshot._replay import replay
 from torchdata_snapshot._rng import IsolatedRNG
 
 __all__ = ["Outlet"]
@@ -102,24 +102,7 @@ class Outlet(IterDataPipe):
     def _replay(self, source: Iterator[Any]) -> None:
         """Drop the ``skip`` items the user already received before the checkpoint."""
         skip, expected, self._skip = self._skip, self._skip_digest, 0
-        digest = self._chain
-        for position in range(1, skip + 1):
-            try:
-                item = next(source)
-            except StopIteration:
-                raise ReplayDivergenceError(
-                    f"the replayed epoch ended after {position - 1} items, but the checkpoint says the user "
-                    f"had received {skip}: the pipeline is not deterministic"
-                ) from None
-            if digest is not None:
-                digest = chain(digest, item)
-        if digest is not None and expected is not None and chain_hex(digest) != expected:
-            raise ReplayDivergenceError(
-                f"items 1..{skip} of the replayed epoch differ from those the user received before the "
-                f"checkpoint (running digest {chain_hex(digest)}, recorded {expected}): the pipeline is not "
-                "deterministic; pass verify_replay=False to continue anyway"
-            )
-        self._chain = digest
+        self._chain = replay(source, 0, skip, self._chain, expected, where="main process", epoch=self.epoch)
         self.delivered = skip
 
 

@@ -38,7 +38,7 @@ from torchdata_snapshot._constants import (
     REQUEST_CHECK_ITEMS,
     REQUEST_CHECK_S,
 )
-from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex, parse_chain_hex
+from torchdata_snapshot._digest import CHAIN_START, chain, parse_chain_hex
 from torchdata_snapshot._dispatch import DispatchedSource, find_dispatched_sources
 from torchdata_snapshot._errors import ProtocolError, ReplayDivergenceError, StateCaptureError
 from torchdata_snapshot._graph import datapipe_state_dicts, datapipe_yields, graph_datapipes, pausable, paused
@@ -61,6 +61,7 @@ from torchdata_snapshot._messages import (
 )
 from torchdata_snapshot._options import WorkerOptions
 from torchdata_snapshot._outbox import Outbox
+from torchdata_snapshot._replay import replay
 from torchdata_snapshot._serving import ServingLoop
 from torchdata_snapshot._stateful import (
     capture_graph_state,
@@ -310,37 +311,24 @@ class WorkerLoop(ServingLoop):
     def _replay(self, start: int, skip: int, expected: Optional[str]) -> None:
         """Produce and drop items ``start + 1 .. start + skip``: the rest of what the user received
         before the checkpoint, after the state loaded at ``start`` (0: the epoch's beginning).
-
-        They never leave this process. Their running digest must end as ``expected``, the one
-        the checkpoint recorded: otherwise the pipeline is not deterministic (or a loaded state
-        is wrong) and continuing would hand out other data.
-        """
+        They never leave this process; their running digest must end as ``expected``."""
         heartbeat = time.monotonic() + REPLAY_HEARTBEAT_S
-        digest = self.digest
-        for position in range(start + 1, start + skip + 1):
-            try:
-                item = next(self.iterator)  # type: ignore[arg-type]
-            except StopIteration:
-                self.iterator = None
-                raise ReplayDivergenceError(
-                    f"{self.name}: the replayed stream of epoch {self.epoch} ended after {position - 1} "
-                    f"items, but the checkpoint says the user had received {start + skip} of them: the "
-                    "pipeline is not deterministic"
-                ) from None
-            if digest is not None:
-                digest = chain(digest, item)
+
+        def progress(position: int) -> None:  # a long replay tells the main process it is alive
+            nonlocal heartbeat
             if time.monotonic() >= heartbeat:
                 self.outbox.put(ReplayProgressResponse(self.epoch, position))
                 heartbeat = time.monotonic() + REPLAY_HEARTBEAT_S
-        if skip and digest is not None and expected is not None and chain_hex(digest) != expected:
+
+        assert self.iterator is not None
+        try:
+            self.digest = replay(
+                self.iterator, start, skip, self.digest, expected, where=self.name, epoch=self.epoch,
+                on_item=progress,
+            )  # fmt: skip
+        except ReplayDivergenceError:
             self.iterator = None
-            raise ReplayDivergenceError(
-                f"{self.name}: items {start + 1}..{start + skip} of epoch {self.epoch} replayed differently "
-                f"from those the user received before the checkpoint (running digest {chain_hex(digest)}, "
-                f"recorded {expected}): the pipeline is not deterministic (a file changed? an unseeded "
-                "random source?); pass verify_replay=False to continue anyway"
-            )
-        self.digest = digest
+            raise
         self.produced = start + skip
 
     def _on_get_next(self, request: GetNextRequest) -> None:

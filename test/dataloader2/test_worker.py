@@ -14,6 +14,7 @@ from torchdata_snapshot._channel import ItemDecoder, make_pipe_pair
 from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot._errors import ProtocolError, ReplayDivergenceError, StateCaptureError
 from torchdata_snapshot._options import BatchingOptions, RestoreOptions, WorkerOptions
+from torchdata_snapshot._stream import items_message
 from torchdata_snapshot._worker import WorkerLoop
 
 
@@ -191,12 +192,13 @@ def test_a_failing_outbox_thread_reports_its_error_and_the_loop_exits(
 ) -> None:
     from torchdata_snapshot import _outbox as outbox
 
-    def message(epoch: int, count: int, payload: bytes, digests: Any) -> m.ItemsResponse:
-        if ItemDecoder.decode(count, payload) == [3]:
+    def message(batch: Any) -> m.ItemsResponse:
+        response = items_message(batch)
+        if ItemDecoder.decode(response.count, response.payload) == [3]:
             raise ValueError("cannot write 3")
-        return m.ItemsResponse(epoch, count, payload, digests)
+        return response
 
-    monkeypatch.setattr(outbox, "ItemsResponse", message)
+    monkeypatch.setattr(outbox, "items_message", message)
     channel, endpoint, _ = make_pipe_pair()
     options = WorkerOptions(batching=BatchingOptions(max_items=1))
     loop = WorkerLoop(IterableWrapper(range(10)), endpoint, WorkerInfo(1, 0), options=options)
@@ -408,7 +410,8 @@ def test_a_replay_is_checked_against_the_recorded_running_digest() -> None:
     bad = serve(IterableWrapper(range(10)), [reset(), m.ReplayRequest(0, 5, other)])
     assert isinstance(bad[1], m.ErrorResponse)
     with pytest.raises(
-        ReplayDivergenceError, match=r"items 1\.\.5 of epoch 0 replayed differently .* not deterministic"
+        ReplayDivergenceError,
+        match=r"worker process 0: items 1\.\.5 of epoch 0 replayed differently .* not deterministic",
     ):
         bad[1].exc.reraise()
     unchecked = serve(

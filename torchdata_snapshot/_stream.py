@@ -1,0 +1,138 @@
+"""The two ends of a stream of items, as both links of the protocol use them.
+
+A stream runs from a worker to the main process, and from the dispatching process to each
+worker. On the sending side items are pickled as they are produced, queued (:class:`QueuedItem`)
+and sent as ``ItemsResponse`` batches (:func:`take_batch`, :func:`items_message`); on the
+receiving side :func:`file_response` puts a data response into the reader's buffer (items, the
+end of the stream, or the exception it ended with) and :class:`Credit` says when to grant more.
+See NOTE [ Snapshot protocol ] in :mod:`torchdata_snapshot._messages`.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any, Deque, List, Optional, cast
+
+from torchdata_snapshot._channel import ItemDecoder
+from torchdata_snapshot._compat import ExceptionWrapper
+from torchdata_snapshot._messages import (
+    ItemsResponse,
+    Response,
+    StopIterationResponse,
+    WorkerExceptionResponse,
+)
+
+__all__ = [
+    "END",
+    "Credit",
+    "QueuedItem",
+    "Raised",
+    "file_response",
+    "items_message",
+    "take_batch",
+]
+
+# --- sending --------------------------------------------------------------------------------
+
+
+class QueuedItem:
+    """An item pickled by its producer, waiting to be sent, with the stream's running digest
+    after it (``None`` when digests are off)."""
+
+    __slots__ = ("epoch", "payload", "digest")
+
+    def __init__(self, epoch: int, payload: bytes, digest: Optional[int] = None) -> None:
+        self.epoch, self.payload, self.digest = epoch, payload, digest
+
+
+def take_batch(queue: Deque[Any], max_items: int, max_bytes: int) -> List[QueuedItem]:
+    """Pop the item at the head of ``queue`` and those right behind it of the same epoch: at most
+    ``max_items``, closed once the batch holds ``max_bytes`` pickled bytes."""
+    first = queue.popleft()
+    batch, size = [first], len(first.payload)
+    while (
+        queue
+        and len(batch) < max_items
+        and size < max_bytes
+        and isinstance(queue[0], QueuedItem)
+        and queue[0].epoch == first.epoch
+    ):
+        entry = queue.popleft()
+        batch.append(entry)
+        size += len(entry.payload)
+    return batch
+
+
+def items_message(batch: List[QueuedItem]) -> ItemsResponse:
+    """One message for a batch of items of one epoch, with their running digests if kept."""
+    digests = None
+    if batch[0].digest is not None:
+        digests = array("Q", [cast(int, entry.digest) for entry in batch]).tobytes()
+    return ItemsResponse(batch[0].epoch, len(batch), b"".join(entry.payload for entry in batch), digests)
+
+
+# --- receiving ------------------------------------------------------------------------------
+
+
+class _EndOfStream:
+    """Buffer entry: the stream ends here (``StopIterationResponse``)."""
+
+    def __repr__(self) -> str:
+        return "END"
+
+
+END = _EndOfStream()
+
+
+class Raised:
+    """Buffer entry: the sender's graph raised here; re-raised when the reader reaches it."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: ExceptionWrapper) -> None:
+        self.exc = exc
+
+
+def file_response(response: Response, epoch: int, buffer: Deque[Any]) -> Optional[int]:
+    """Put a data response of stream epoch ``epoch`` into ``buffer``.
+
+    Returns how many items it added (``0`` for the end of the stream, an exception, or a stale
+    response of another epoch, which is dropped), or ``None`` when ``response`` is not a data
+    response. Items are unpickled even when stale, so that what they hold (tensors in shared
+    memory) is released.
+    """
+    if isinstance(response, ItemsResponse):
+        items = ItemDecoder.decode(response.count, response.payload)
+        if response.epoch != epoch:
+            return 0
+        buffer.extend(items)
+        return response.count
+    if isinstance(response, StopIterationResponse):
+        if response.epoch == epoch:
+            buffer.append(END)
+        return 0
+    if isinstance(response, WorkerExceptionResponse):
+        if response.epoch in (None, epoch):  # None: the sender is going away, whatever the epoch
+            buffer.append(Raised(response.exc))
+        return 0
+    return None
+
+
+class Credit:
+    """The credit a reader grants one sender: ``window`` items may be outstanding; more is
+    granted once half of the window was consumed (``granted - consumed <= window / 2``)."""
+
+    __slots__ = ("window", "granted")
+
+    def __init__(self, window: int, granted: int = 0) -> None:
+        self.window = window
+        self.granted = granted
+
+    def top_up(self, consumed: int) -> int:
+        """How much more to grant now that ``consumed`` items were taken (``0``: nothing yet)."""
+        outstanding = self.granted - consumed
+        if outstanding * 2 > self.window:
+            return 0
+        count = self.window - outstanding
+        self.granted += count
+        return count
