@@ -5,11 +5,11 @@ prefetching, everything upstream of the outlet runs ahead. The outlet counts wha
 notes when ``StopIteration`` reached the user, and keeps the position in each worker's stream
 that the user reached:
 
-* the :class:`~torchdata_snapshot._consumer.WorkerConsumer` pushes the worker id of every item it
-  hands downstream into ``handoff``; when the main-process tail is one-to-one (no tail, or
-  ``map``, ``fullsync``, ``prefetch``, ``pin_memory``) the outlet pops one id per item it hands
-  to the user, so ``worker_delivered[i]`` is exactly how far the user got into worker ``i``'s
-  stream, whatever the tail buffers;
+* when the main-process tail is one-to-one (no tail, or ``map``, ``fullsync``, ``prefetch``,
+  ``pin_memory``) the consumer and the outlet share a
+  :class:`~torchdata_snapshot._positions.UserPositions`: the outlet takes one record of the
+  consumer's for each item it hands to the user, so ``positions.delivered[i]`` is exactly how
+  far the user got into worker ``i``'s stream, whatever the tail buffers;
 * otherwise (``num_workers=0``, or a tail that batches or filters) positions in the workers'
   streams cannot be told from the user's count, and a restore replays the epoch *in the main
   process*: the outlet drops the first ``skip`` items of the resumed epoch before handing any out.
@@ -19,14 +19,14 @@ that the user reached:
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Any, Deque, Iterator, List, Optional
+from typing import Any, Iterator, List, Optional
 
 from torch.utils.data import IterDataPipe
 from torchdata.dataloader2.graph import DataPipe
 
 from torchdata_snapshot._constants import NO_EPOCH
 from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
+from torchdata_snapshot._positions import UserPositions
 from torchdata_snapshot._replay import replay
 from torchdata_snapshot._rng import IsolatedRNG
 
@@ -37,19 +37,14 @@ class Outlet(IterDataPipe):
     """Counting pass-through at the end of the graph (see the module docstring).
 
     Attributes (current epoch): ``delivered`` items handed to the user; ``finished`` once
-    ``StopIteration`` reached the user; ``worker_delivered`` / ``last_worker`` the user's position
-    in the workers' streams (when positions are tracked); ``digest`` the running digest of the
-    delivered items (main-process replay mode, when verification is on; ``None`` otherwise).
+    ``StopIteration`` reached the user; ``positions`` the user's position in the workers' streams
+    (when it is tracked; ``None`` in main-process replay mode); ``digest`` the running digest of
+    the delivered items (main-process replay mode, when verification is on; ``None`` otherwise).
     """
 
-    def __init__(
-        self, source_datapipe: DataPipe, num_workers: int = 0, track_positions: bool = False
-    ) -> None:
+    def __init__(self, source_datapipe: DataPipe, positions: Optional[UserPositions] = None) -> None:
         self.source_datapipe = source_datapipe
-        self.track_positions = track_positions
-        self.handoff: Deque[int] = deque()
-        self.worker_delivered: List[int] = [0] * num_workers
-        self.last_worker = -1
+        self.positions = positions
         self.epoch = NO_EPOCH
         self.delivered = 0
         self.finished = False
@@ -78,12 +73,10 @@ class Outlet(IterDataPipe):
         """
         self.epoch = epoch
         self.finished = False
-        self.handoff.clear()
-        # In place: the consumer holds this list to trim its marks.
-        self.worker_delivered[:] = worker_delivered if worker_delivered else [0] * len(self.worker_delivered)
-        self.last_worker = last_worker
+        if self.positions is not None:
+            self.positions.start_epoch(worker_delivered, last_worker)
         self.delivered = skip if skip else delivered
-        self._chain = CHAIN_START if self.verify and not self.track_positions else None
+        self._chain = CHAIN_START if self.verify and self.positions is None else None
         self._skip, self._skip_digest = skip, skip_digest
 
     @property
@@ -136,10 +129,8 @@ class _OutletIterator:
             self.source = None
             raise
         outlet.delivered += 1
-        if outlet.track_positions:
-            worker_id = outlet.handoff.popleft()
-            outlet.worker_delivered[worker_id] += 1
-            outlet.last_worker = worker_id
+        if outlet.positions is not None:
+            outlet.positions.deliver_one()
         elif outlet._chain is not None:
             outlet._chain = chain(outlet._chain, item)
         return item

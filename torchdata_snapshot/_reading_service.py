@@ -67,6 +67,7 @@ from torchdata_snapshot._options import (
     _check_count,
 )
 from torchdata_snapshot._outlet import Outlet
+from torchdata_snapshot._positions import UserPositions
 from torchdata_snapshot._rng import IsolatedRNG
 from torchdata_snapshot._seeds import load_seed_state, seed_state
 from torchdata_snapshot._worker import run_worker
@@ -110,8 +111,11 @@ def advance_epoch_seed(seed_generator: SeedGenerator, epoch: int) -> None:
 _ONE_TO_ONE_TAIL = (MapperIterDataPipe, FullSyncIterDataPipe, PrefetcherIterDataPipe)
 
 
-def _is_one_to_one_tail(end: DataPipe, consumer: WorkerConsumer) -> bool:
-    tail = [dp for dp in list_dps(traverse_dps(end)) if dp is not consumer]
+def _is_one_to_one_tail(end: DataPipe, replicable: DataPipe) -> bool:
+    """Whether the DataPipes of ``end``'s graph that stay in the main process (all but the
+    replicable branch) hand on one item per item they take."""
+    in_workers = {id(dp) for dp in list_dps(traverse_dps(replicable))}
+    tail = [dp for dp in list_dps(traverse_dps(end)) if id(dp) not in in_workers]
     return all(isinstance(dp, _ONE_TO_ONE_TAIL) for dp in tail)
 
 
@@ -272,12 +276,8 @@ class MultiProcessingReadingService(
         else:
             end = process_init_fn(datapipe, WorkerInfo(1, 0), self.worker_init_fn)
         consumer = self._worker_consumer_datapipe
-        track = consumer is not None and _is_one_to_one_tail(end, consumer)
-        outlet = Outlet(end, self.num_workers, track_positions=track)
+        outlet = Outlet(end, None if consumer is None else consumer.positions)
         outlet.verify = self.restore_options.verify_replay
-        if consumer is not None and track:
-            consumer.handoff = outlet.handoff
-            consumer.user_position = outlet.worker_delivered
         if consumer is None and self.isolate_rng:
             outlet.rng = IsolatedRNG()
         self._end_datapipe = outlet
@@ -321,10 +321,16 @@ class MultiProcessingReadingService(
             raise
         window = credit_window(self.num_workers, self.worker_prefetch_cnt, self.main_prefetch_cnt)
         faults = self.fault_options
-        consumer = WorkerConsumer(channels, window, faults.control_timeout_s, faults.timeout_s)
-        if faults.restart_dead_workers:
-            consumer.respawn = functools.partial(self._restart_worker, ctx)
-            consumer.restarts_allowed = faults.restart_dead_workers
+        track = _is_one_to_one_tail(datapipe, replicable_dp)
+        consumer = WorkerConsumer(
+            channels,
+            window,
+            faults.control_timeout_s,
+            faults.timeout_s,
+            positions=UserPositions(self.num_workers) if track else None,
+            respawn=functools.partial(self._restart_worker, ctx) if faults.restart_dead_workers else None,
+            restarts_allowed=faults.restart_dead_workers,
+        )
         self._worker_consumer_datapipe = consumer
         if replicable_dp is datapipe:
             return consumer
@@ -501,8 +507,7 @@ class MultiProcessingReadingService(
                 graceful = False
         self._kill_processes(self._join_timeout_s() if graceful else 0.0)
         if consumer is not None:
-            for channel in consumer.channels:
-                channel.close()
+            consumer.close_channels()
         if self._dispatcher_channel is not None:
             self._dispatcher_channel.close()
 
@@ -543,12 +548,10 @@ class MultiProcessingReadingService(
             ).to_plain()
         consumer = self._worker_consumer_datapipe
         next_worker = 0
-        if consumer is not None and outlet.track_positions:
-            workers = tuple(
-                WorkerPosition(d, consumer.position_digest(i, d), consumer.position_state(i, d))
-                for i, d in enumerate(outlet.worker_delivered)
-            )
-            next_worker = (outlet.last_worker + 1) % self.num_workers if outlet.last_worker >= 0 else 0
+        positions = outlet.positions
+        if consumer is not None and positions is not None:
+            workers = tuple(consumer.position(i, d) for i, d in enumerate(positions.delivered))
+            next_worker = positions.next_worker
         return Checkpoint(
             num_workers=self.num_workers,
             fingerprint=self._fingerprint,
@@ -556,8 +559,8 @@ class MultiProcessingReadingService(
             status="finished" if outlet.finished else "in_epoch",
             seed=self._epoch_seed,
             delivered=outlet.delivered,
-            replay_in_main=not outlet.track_positions,
-            digest=None if outlet.track_positions else outlet.digest,
+            replay_in_main=positions is None,
+            digest=None if positions is not None else outlet.digest,
             workers=workers,
             next_worker=next_worker,
         ).to_plain()

@@ -336,3 +336,22 @@ class OffByOneState(IterDataPipe):
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
         self._loaded = state["position"]
+
+
+# --- what tests look at inside a running reading service -------------------------------------------
+# One place: a refactor of the reading service's internals is one edit here.
+
+
+def worker_processes(dl: Any) -> List[Any]:
+    """The ``multiprocessing.Process`` of each worker of ``dl``'s reading service."""
+    return list(dl.reading_service._worker_processes)
+
+
+def kept_per_worker(dl: Any) -> List[int]:
+    """Per worker, how many batches of digests and graph states the main process keeps."""
+    return [stream.kept_entries for stream in dl.reading_service._worker_consumer_datapipe.streams]
+
+
+def credit_window_of(dl: Any) -> int:
+    """The credit kept outstanding per worker (items a worker may send ahead of the user)."""
+    return int(dl.reading_service._worker_consumer_datapipe.window)

@@ -25,6 +25,7 @@ class Running:
         window: int = 3,
         max_items: int = 64,
         max_delay_s: float = 0.001,
+        positions: Any = None,
     ) -> None:
         channels, self.loops, self.threads = [], [], []
         for worker_id, dp in enumerate(datapipes):
@@ -36,7 +37,9 @@ class Running:
             channels.append(channel.bind(f"worker {worker_id}"))
             self.loops.append(loop)
             self.threads.append(thread)
-        self.consumer = WorkerConsumer(channels, window, control_timeout_s=30, data_timeout_s=30)
+        self.consumer = WorkerConsumer(
+            channels, window, control_timeout_s=30, data_timeout_s=30, positions=positions
+        )
         self.epoch = -1
 
     def start_epoch(self, seed: int = 0) -> Iterator[Any]:
@@ -216,23 +219,27 @@ def test_a_replayed_restore_continues_the_order_exactly(running, k: int) -> None
     assert list(r.consumer) == expected[k:]
 
 
-def test_the_handoff_names_the_worker_of_every_item(running) -> None:  # type: ignore[no-untyped-def]
-    from collections import deque
+def test_every_item_handed_on_names_its_worker_for_the_users_position(running) -> None:  # type: ignore[no-untyped-def]
+    from torchdata_snapshot._positions import UserPositions
 
-    r = running([IterableWrapper([1, 2, 3]), IterableWrapper([10])])
-    r.consumer.handoff = deque()
-    assert list(r.start_epoch()) == [1, 10, 2, 3]
-    assert list(r.consumer.handoff) == [0, 1, 0, 0]
+    positions = UserPositions(2)
+    r = running([IterableWrapper([1, 2, 3]), IterableWrapper([10])], positions=positions)
+    it = r.start_epoch()
+    assert [next(it) for _ in range(3)] == [1, 10, 2]
+    for _ in range(3):  # the outlet delivers what was handed on, in order
+        positions.deliver_one()
+    assert positions.delivered == [2, 1] and positions.last_worker == 0 and positions.next_worker == 1
 
 
 def test_the_running_digest_is_known_at_every_position_the_user_may_reach(running) -> None:  # type: ignore[no-untyped-def]
     from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
+    from torchdata_snapshot._positions import UserPositions
 
-    r = running([IterableWrapper(range(10))], window=16, max_items=3)
-    r.consumer.user_position = [0]  # as an Outlet tracks it: nothing may be dropped yet
+    # The user's position stays at 0 (no outlet delivers): nothing may be dropped yet.
+    r = running([IterableWrapper(range(10))], window=16, max_items=3, positions=UserPositions(1))
     assert list(r.start_epoch()) == list(range(10))
     value = CHAIN_START
-    assert r.consumer.position_digest(0, 0) is None, "nothing received, nothing to check"
+    assert r.consumer.position(0, 0).digest is None, "nothing received, nothing to check"
     for position in range(1, 11):
         value = chain(value, position - 1)
-        assert r.consumer.position_digest(0, position) == chain_hex(value)
+        assert r.consumer.position(0, position).digest == chain_hex(value)

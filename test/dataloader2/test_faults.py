@@ -237,6 +237,6 @@ def test_an_interrupted_read_never_continues_silently() -> None:
     from torchdata_snapshot._consumer import WorkerConsumer
 
     consumer = WorkerConsumer([], window=1)
-    consumer.broken = "KeyboardInterrupt while waiting for an item"
+    consumer.links.broken = "KeyboardInterrupt while waiting for an item"
     with pytest.raises(ReadingServiceError, match="cannot continue after an interrupted exchange"):
         consumer.next_item(consumer.epoch)

@@ -13,19 +13,20 @@ from torchdata.datapipes.iter import IterableWrapper
 from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot._errors import ReplayDivergenceError
 from torchdata_snapshot._outlet import Outlet
+from torchdata_snapshot._positions import UserPositions
 from torchdata_snapshot._rng import IsolatedRNG
 
 
 class Tagged(IterDataPipe):
-    """Stands in for the consumer: yields items and pushes their worker id into the hand-off."""
+    """Stands in for the consumer: yields items, recording for each that worker ``x % 2`` sent it."""
 
-    def __init__(self, items: List[int], handoff: Any) -> None:
+    def __init__(self, items: List[int], positions: UserPositions) -> None:
         self.items = items
-        self.handoff = handoff
+        self.positions = positions
 
     def __iter__(self) -> Iterator[int]:
         for x in self.items:
-            self.handoff.append(x % 2)
+            self.positions.handed_on(x % 2)
             yield x
 
 
@@ -38,20 +39,20 @@ def test_counts_what_the_user_received_and_the_end_of_the_epoch() -> None:
 
 
 def test_tracks_the_users_position_in_each_worker_stream() -> None:
-    outlet = Outlet(IterableWrapper([]), num_workers=2, track_positions=True)
-    outlet.source_datapipe = Tagged([0, 1, 2, 4, 3], outlet.handoff)
+    positions = UserPositions(2)
+    outlet = Outlet(Tagged([0, 1, 2, 4, 3], positions), positions)
     outlet.start_epoch(0)
     it = iter(outlet)
     assert [next(it) for _ in range(4)] == [0, 1, 2, 4]
-    assert outlet.worker_delivered == [3, 1] and outlet.last_worker == 0
+    assert positions.delivered == [3, 1] and positions.last_worker == 0
 
 
-def test_a_restored_position_is_kept_in_place() -> None:
-    outlet = Outlet(IterableWrapper([]), num_workers=2, track_positions=True)
-    shared = outlet.worker_delivered
+def test_a_restored_position_is_taken_up() -> None:
+    positions = UserPositions(2)
+    outlet = Outlet(IterableWrapper([]), positions)
     outlet.start_epoch(1, delivered=5, worker_delivered=[3, 2], last_worker=0)
-    assert outlet.worker_delivered is shared and shared == [3, 2]
-    assert (outlet.delivered, outlet.last_worker) == (5, 0)
+    assert outlet.positions is positions and positions.delivered == [3, 2]
+    assert (outlet.delivered, positions.last_worker, positions.next_worker) == (5, 0, 1)
 
 
 def digest_of(items: List[Any]) -> str:

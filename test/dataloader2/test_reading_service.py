@@ -8,7 +8,17 @@ from functools import partial
 from typing import Any, List, Optional
 
 import pytest
-from pipelines import CountingWithState, NonReplicable, double, fail_at_7, pipeline, rs, take, tiny
+from pipelines import (
+    CountingWithState,
+    NonReplicable,
+    double,
+    fail_at_7,
+    pipeline,
+    rs,
+    take,
+    tiny,
+    worker_processes,
+)
 from torchdata.dataloader2 import DataLoader2
 from torchdata.dataloader2 import MultiProcessingReadingService as UpstreamMPRS
 from torchdata.datapipes.iter import IterableWrapper
@@ -340,7 +350,7 @@ def test_the_snapshot_is_picklable(make_dl: Any) -> None:
 def test_loader_in_a_with_block_shuts_down_its_workers() -> None:
     with DataLoader2(tiny(10), reading_service=rs(2)) as dl:
         next(iter(dl))
-        processes = list(dl.reading_service._worker_processes)
+        processes = worker_processes(dl)
         assert all(p.is_alive() for p in processes)
     assert all(p.exitcode is not None for p in processes)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipelines import double, kill_always_at, kill_once_at, pipeline, rs, take
+from pipelines import double, kill_always_at, kill_once_at, pipeline, rs, take, worker_processes
 from torchdata.datapipes.iter import IterableWrapper
 
 from torchdata_snapshot import WorkerDiedError
@@ -99,7 +99,7 @@ def test_a_worker_found_dead_when_sending_it_a_request_is_replaced(make_dl: Any)
     dl = make_dl(pipeline("shuffle_after_sharding", 80), rs(2, restart_dead_workers=1))
     it = iter(dl)
     got = take(it, 7)
-    victim = dl.reading_service._worker_processes[0]
+    victim = worker_processes(dl)[0]
     os.kill(victim.pid, signal.SIGKILL)
     victim.join(10)  # dead for sure: the request cannot even be written
     with pytest.warns(RuntimeWarning, match="restarting it"):
@@ -112,7 +112,7 @@ def test_a_worker_found_dead_when_granting_it_credit_is_replaced(make_dl: Any) -
     dl = make_dl(pipeline("shuffle_after_sharding", 200), rs(2, restart_dead_workers=1))
     it = iter(dl)
     got = take(it, 7)
-    victim = dl.reading_service._worker_processes[1]
+    victim = worker_processes(dl)[1]
     os.kill(victim.pid, signal.SIGKILL)
     victim.join(10)  # dead for sure: the next credit for it cannot be written
     with pytest.warns(RuntimeWarning, match="restarting it"):

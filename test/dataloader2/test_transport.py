@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import pytest
-from pipelines import pipeline, rs, stuck_at_5, take, tiny
+from pipelines import pipeline, rs, stuck_at_5, take, tiny, worker_processes
 from torchdata.datapipes.iter import IterableWrapper
 
 from torchdata_snapshot import BatchingOptions, WorkerTimeoutError
@@ -64,9 +64,7 @@ def test_a_worker_stuck_on_an_item_is_reported_by_the_item_timeout(make_dl: Any)
             got.append(x)
     assert got == [0, 1, 2, 3, 4], "every item before the stuck one arrives, in order"
     assert time.monotonic() - start < 30
-    assert all(p.exitcode is not None for p in dl.reading_service._worker_processes), (
-        "shut down, stuck or not"
-    )
+    assert all(p.exitcode is not None for p in worker_processes(dl)), "shut down, stuck or not"
 
 
 def test_shutting_down_workers_all_stuck_waits_once_not_once_per_worker(make_dl: Any) -> None:
@@ -75,7 +73,7 @@ def test_shutting_down_workers_all_stuck_waits_once_not_once_per_worker(make_dl:
     start = time.monotonic()
     dl.shutdown()
     assert time.monotonic() - start < 3.0, "one 1 s wait for the four goodbyes, then kill"
-    assert all(p.exitcode is not None for p in dl.reading_service._worker_processes)
+    assert all(p.exitcode is not None for p in worker_processes(dl))
 
 
 def test_a_worker_stuck_on_an_item_cannot_hang_a_snapshot(make_dl: Any) -> None:
@@ -86,4 +84,4 @@ def test_a_worker_stuck_on_an_item_cannot_hang_a_snapshot(make_dl: Any) -> None:
     with pytest.raises(WorkerTimeoutError, match="worker 1 did not send GetStateResponse within 1.0 s"):
         dl.reading_service.snapshot()
     assert time.monotonic() - start < 30
-    assert os.getpid() not in [p.pid for p in dl.reading_service._worker_processes]
+    assert os.getpid() not in [p.pid for p in worker_processes(dl)]

@@ -1,0 +1,150 @@
+"""``WorkerStream``: one worker's stream of items, as the main process keeps it in one epoch.
+
+The consumer (:mod:`torchdata_snapshot._consumer`) holds one per worker: its channel, the items
+received and not handed on yet, the credit granted, and what checkpoints and self-healing need
+to bring a fresh worker back to a position of this stream (its running digests and captured
+graph states). See NOTE [ Snapshot protocol ] in :mod:`torchdata_snapshot._messages` for the
+words.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import deque
+from typing import Any, Deque, Optional, Tuple
+
+from torchdata_snapshot._channel import Channel
+from torchdata_snapshot._checkpoint import GraphState, WorkerPosition
+from torchdata_snapshot._digest import chain_hex, parse_chain_hex
+from torchdata_snapshot._messages import ItemsResponse, ReplayRequest, Response, StateMarkResponse
+from torchdata_snapshot._stream import END, Credit, Raised, file_response
+
+__all__ = ["WorkerStream"]
+
+#: Bytes of one running digest in ``ItemsResponse.digests``.
+_DIGEST_SIZE = array("Q").itemsize
+
+
+class WorkerStream:
+    """Worker ``worker_id``'s stream in the current epoch.
+
+    Counters (checked by :meth:`counts_add_up`): ``received`` items read from the pipe,
+    ``handed_on`` items given to the next DataPipe, ``credit.granted`` items the worker may send;
+    always ``received == handed_on + items in buffer`` and
+    ``handed_on <= received <= credit.granted``.
+
+    For checkpoints and self-healing it keeps the running digests of the received items from
+    the batch holding the *kept* position on, and the graph states from the latest one strictly
+    behind it on; :meth:`prune` drops the rest as the kept position moves forward.
+    """
+
+    def __init__(self, worker_id: int, channel: Channel, window: int) -> None:
+        self.worker_id = worker_id
+        self.channel = channel
+        self.window = window
+        self.buffer: Deque[Any] = deque()  # items, then END or Raised where the stream stopped
+        self.received = 0
+        self.handed_on = 0
+        self.credit = Credit(window)
+        self.exhausted = True  # nothing to read before the first epoch
+        self.restarts = 0  # replacements of the worker this epoch
+        self._digests: Deque[Tuple[int, bytes]] = deque()  # (position of first item, packed digests)
+        self._states: Deque[GraphState] = deque()
+
+    def start(self, position: WorkerPosition) -> None:
+        """Start the epoch at ``position`` (the beginning, or a restored position)."""
+        done = position.delivered
+        self.buffer.clear()
+        self.received = self.handed_on = done
+        self.credit = Credit(self.window, granted=done)
+        self.exhausted = False
+        self._digests.clear()
+        if position.digest is not None:  # known at the restored position, as if received
+            packed = array("Q", [parse_chain_hex(position.digest)]).tobytes()
+            self._digests.append((done, packed))
+        self._states.clear()
+        if position.state is not None:
+            self._states.append(position.state)
+
+    # --- data ---------------------------------------------------------------------------------
+
+    def file(self, response: Response, epoch: int) -> bool:
+        """Keep a data or state response of this stream; ``False`` if it is neither (a control
+        answer, which the caller handles)."""
+        first = self.received + 1
+        added = file_response(response, epoch, self.buffer)
+        if added is not None:
+            if added:
+                assert isinstance(response, ItemsResponse)
+                if response.digests is not None:
+                    self._digests.append((first, response.digests))
+                self.received += added
+            return True
+        if isinstance(response, StateMarkResponse):
+            if response.epoch == epoch:
+                self._states.append((response.position, response.state, self.digest_at(response.position)))
+            return True
+        return False
+
+    def take(self) -> Any:
+        """The next entry of the buffer: an item (counted as handed on), ``END`` or ``Raised``."""
+        entry = self.buffer.popleft()
+        if entry is END or isinstance(entry, Raised):
+            self.exhausted = True
+        else:
+            self.handed_on += 1
+        return entry
+
+    def grant(self) -> int:
+        """How much more credit to send now (``0``: none yet)."""
+        return self.credit.top_up(self.handed_on)
+
+    def counts_add_up(self) -> bool:
+        items = sum(1 for entry in self.buffer if entry is not END and not isinstance(entry, Raised))
+        return (
+            self.received == self.handed_on + items and self.handed_on <= self.received <= self.credit.granted
+        )
+
+    # --- positions ----------------------------------------------------------------------------
+
+    def digest_at(self, position: int) -> Optional[str]:
+        """The running digest after the ``position``-th item of the stream, if kept."""
+        for first, packed in self._digests:
+            index = position - first
+            if 0 <= index < len(packed) // _DIGEST_SIZE:
+                return chain_hex(array("Q", packed[index * _DIGEST_SIZE : (index + 1) * _DIGEST_SIZE])[0])
+        return None
+
+    def state_before(self, position: int) -> Optional[GraphState]:
+        """The latest graph state captured strictly before ``position``: a restore from it
+        replays, and checks, at least the item at ``position``."""
+        behind = [state for state in self._states if state[0] < position]
+        return behind[-1] if behind else None
+
+    def position(self, at: int) -> WorkerPosition:
+        """What a fresh worker needs to be brought to item ``at`` of this stream."""
+        return WorkerPosition(at, self.digest_at(at), self.state_before(at))
+
+    def prune(self, kept: int) -> None:
+        """Positions before ``kept`` will not be asked for any more: drop what only they need."""
+        while (
+            len(self._digests) > 1 and self._digests[0][0] + len(self._digests[0][1]) // _DIGEST_SIZE <= kept
+        ):
+            self._digests.popleft()
+        while len(self._states) > 1 and self._states[1][0] < kept:
+            self._states.popleft()
+
+    @property
+    def kept_entries(self) -> int:
+        """How many batches of digests and graph states are kept (memory does not grow with k)."""
+        return len(self._digests) + len(self._states)
+
+
+def replay_request(epoch: int, position: WorkerPosition) -> ReplayRequest:
+    """Bring a freshly reset worker to ``position``: from its recorded graph state when there is
+    one (stateful restore), else from the epoch's start; the running digest of the replayed
+    items is checked against the recorded one."""
+    if position.state is None:
+        return ReplayRequest(epoch, position.delivered, position.digest)
+    start, blob, state_digest = position.state
+    return ReplayRequest(epoch, position.delivered - start, position.digest, (start, blob), state_digest)
