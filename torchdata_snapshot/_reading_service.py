@@ -295,7 +295,7 @@ class MultiProcessingReadingService(
             # stands in the workers' graph where it was (replaced by DispatchedSource there).
             graph = replace_dp(graph, dispatching_dp, DispatchPlaceholder())
             datapipe = list(graph.values())[0][0]
-            dispatcher_links = list(self._start_dispatcher(ctx, dispatching_dp))
+        # The graph is checked before any process starts.
         replicable_dps = find_replicable_branches(graph)
         if len(replicable_dps) != 1:
             raise ValueError(
@@ -308,6 +308,8 @@ class MultiProcessingReadingService(
                 "restart_dead_workers is not supported with sharding_round_robin_dispatch: a restarted "
                 "worker would need the dispatched items of its stream again"
             )
+        if dispatching_dp is not None:
+            dispatcher_links = list(self._start_dispatcher(ctx, dispatching_dp))
         self._worker_graph = attach_wrapper(replicable_dp)
         channels: List[Channel] = []
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 from functools import partial
@@ -420,3 +421,15 @@ def test_workers_outlive_idle_periods_longer_than_every_liveness_interval(
     got = take(it, 3)
     time.sleep(idle_s)  # a slow step in the middle of the epoch
     assert got + list(it) == reference
+
+
+def test_a_graph_with_two_replicable_branches_is_refused_before_any_process_starts(make_dl: Any) -> None:
+    from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
+
+    dispatched = IterableWrapper(range(10)).sharding_round_robin_dispatch(SHARDING_PRIORITIES.MULTIPROCESSING)
+    two_branches = NonReplicable(dispatched).zip(IterableWrapper(range(10)).sharding_filter())
+    dl = make_dl(two_branches, rs(2))
+    children = set(multiprocessing.active_children())
+    with pytest.raises(ValueError, match="needs exactly one replicable branch"):
+        iter(dl)
+    assert set(multiprocessing.active_children()) == children, "refused before any process started"

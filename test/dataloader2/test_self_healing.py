@@ -3,6 +3,7 @@ main process already has, and the run goes on with exactly the data it would hav
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 from functools import partial
@@ -88,10 +89,12 @@ def test_a_restart_during_a_snapshot_resends_the_request(make_dl: Any) -> None:
 
 def test_not_available_with_a_dispatching_process(make_dl: Any) -> None:
     dl = make_dl(pipeline("dispatch", 10), rs(2, restart_dead_workers=1))
+    children = set(multiprocessing.active_children())
     with pytest.raises(
         ValueError, match="restart_dead_workers is not supported with sharding_round_robin_dispatch"
     ):
         iter(dl)
+    assert set(multiprocessing.active_children()) == children, "refused before any process started"
 
 
 def test_a_worker_found_dead_when_sending_it_a_request_is_replaced(make_dl: Any) -> None:
