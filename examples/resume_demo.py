@@ -78,7 +78,7 @@ def run_training(args: argparse.Namespace) -> None:
                 (workdir / "consumed_at_checkpoint.pkl").write_bytes(pickle.dumps(consumed))
                 last_checkpoint = step
             if step == args.kill_at:
-                pids = " ".join(str(p.pid) for p in dl.reading_service._worker_processes)
+                pids = " ".join(str(s.pid) for s in dl.reading_service.snapshot())
                 (workdir / "workers.txt").write_text(pids)
                 print(f"   [train pid {os.getpid()}] step {step} (epoch {epoch}): SIGKILL; "
                       f"last checkpoint at step {last_checkpoint}", flush=True)  # fmt: skip

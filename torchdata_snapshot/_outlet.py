@@ -24,6 +24,7 @@ from typing import Any, Iterator, List, Optional
 from torch.utils.data import IterDataPipe
 from torchdata.dataloader2.graph import DataPipe
 
+from torchdata_snapshot._checkpoint import Checkpoint
 from torchdata_snapshot._constants import NO_EPOCH
 from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot._positions import UserPositions
@@ -78,6 +79,21 @@ class Outlet(IterDataPipe):
         self.delivered = skip if skip else delivered
         self._chain = CHAIN_START if self.verify and self.positions is None else None
         self._skip, self._skip_digest = skip, skip_digest
+
+    def start_epoch_at(self, epoch: int, resume: Optional[Checkpoint] = None) -> None:
+        """Start ``epoch`` afresh, or at the position of the checkpoint ``resume`` taken in it."""
+        if resume is None:
+            self.start_epoch(epoch)
+        elif resume.replay_in_main:
+            self.start_epoch(epoch, skip=resume.delivered, skip_digest=resume.digest)
+        else:
+            num_workers = len(resume.workers)
+            self.start_epoch(
+                epoch,
+                delivered=resume.delivered,
+                worker_delivered=[w.delivered for w in resume.workers],
+                last_worker=(resume.next_worker - 1) % num_workers if resume.delivered else -1,
+            )
 
     @property
     def digest(self) -> Optional[str]:

@@ -14,7 +14,7 @@ from torchdata.dataloader2.random import SeedGenerator
 from torchdata_snapshot._compat import load_seed_engine_states, seed_engine_states
 from torchdata_snapshot._errors import InvalidCheckpointError
 
-__all__ = ["check_seed_state", "load_seed_state", "seed_state"]
+__all__ = ["advance_epoch_seed", "check_seed_state", "load_seed_state", "seed_state"]
 
 _UINT64 = 2**64
 
@@ -44,6 +44,19 @@ def _ints(value: Any, length: Optional[int], where: str) -> List[int]:
             f"seed state: {where} must be a list of {length or 'some'} integers, got {value!r}"
         )
     return value
+
+
+def advance_epoch_seed(seed_generator: SeedGenerator, epoch: int) -> None:
+    """Make every epoch's seeds differ, deterministically.
+
+    Upstream's MPRS seeds workers with ``seed_generator.spawn(worker_id)``, which does not
+    advance the generator: unless a random DataPipe runs in the main process, every epoch gets
+    the same seeds, so a seeded DataLoader2 repeats the same shuffle each epoch. Here the shared
+    stream is advanced by one draw and the per-process stream is spawned for the epoch, which
+    keeps the rank-specific part that ``DistributedReadingService`` put there.
+    """
+    seed_generator.generate_shared_seed()
+    seed_generator.spawn(epoch, inplace=True)
 
 
 def check_seed_state(state: Any) -> Dict[str, Dict[str, Any]]:

@@ -344,14 +344,14 @@ class OffByOneState(IterDataPipe):
 
 def worker_processes(dl: Any) -> List[Any]:
     """The ``multiprocessing.Process`` of each worker of ``dl``'s reading service."""
-    return list(dl.reading_service._worker_processes)
+    return list(dl.reading_service._runtime.launcher.workers)
 
 
 def kept_per_worker(dl: Any) -> List[int]:
     """Per worker, how many batches of digests and graph states the main process keeps."""
-    return [stream.kept_entries for stream in dl.reading_service._worker_consumer_datapipe.streams]
+    return [stream.kept_entries for stream in dl.reading_service._runtime.consumer.streams]
 
 
 def credit_window_of(dl: Any) -> int:
     """The credit kept outstanding per worker (items a worker may send ahead of the user)."""
-    return int(dl.reading_service._worker_consumer_datapipe.window)
+    return int(dl.reading_service._runtime.consumer.window)
