@@ -16,6 +16,7 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torchdata.dataloader2.graph import DataPipe, find_dps, replace_dp, traverse_dps
 from torchdata.dataloader2.utils import WorkerInfo
 
+from torchdata_snapshot._capture import CapturePacer
 from torchdata_snapshot._channel import (
     Channel,
     Endpoint,
@@ -31,7 +32,6 @@ from torchdata_snapshot._compat import (
     process_reset_fn,
 )
 from torchdata_snapshot._constants import (
-    CAPTURE_TIME_BUDGET,
     LIVENESS_CHECK_INTERVAL_S,
     NO_EPOCH,
     REPLAY_HEARTBEAT_S,
@@ -114,14 +114,10 @@ class WorkerLoop(ServingLoop):
         self.exhausted = False
         self.paused = False
         self.terminated = False
-        # Stateful restore (see torchdata_snapshot._stateful): capture the graph's state at most
-        # every `state_interval` items when every DataPipe of the graph can resume from a state.
+        # Stateful restore (see torchdata_snapshot._stateful): capture the graph's state from time
+        # to time when every DataPipe of the graph can resume from a state.
         self.stateful = False
-        self._next_capture = options.restore.state_interval  # produced count at which to capture next
-        # Time spent producing this epoch, waits for credit excluded (it paces the captures).
-        self._busy_s = 0.0
-        self._producing_since = 0.0  # start of the current _produce() call
-        self._last_capture: Tuple[float, int] = (0.0, 0)  # (busy seconds, produced) at the last capture
+        self.pacer = CapturePacer(options.restore.state_interval, time.perf_counter)
         if self.init_error is None:
             try:
                 self.datapipe, self.stateful = _maybe_resumable(datapipe, options)
@@ -182,11 +178,11 @@ class WorkerLoop(ServingLoop):
         Returns at least every ``REQUEST_CHECK_ITEMS`` items or ``REQUEST_CHECK_S`` seconds, so
         that requests (pause, state, reset) are served between items without a syscall per item.
         """
-        self._producing_since = time.perf_counter()
+        self.pacer.start_producing()
         try:
-            self._produce_some(self._producing_since + REQUEST_CHECK_S)
+            self._produce_some(time.perf_counter() + REQUEST_CHECK_S)
         finally:
-            self._busy_s += time.perf_counter() - self._producing_since
+            self.pacer.stop_producing()
 
     def _produce_some(self, deadline: float) -> None:
         for _ in range(REQUEST_CHECK_ITEMS):
@@ -213,21 +209,14 @@ class WorkerLoop(ServingLoop):
             if self.digest is not None:
                 self.digest = chain(self.digest, item)
             self.outbox.put_item(self.epoch, payload, self.digest)
-            if self.stateful and self.produced >= self._next_capture:
+            if self.stateful and self.pacer.due(self.produced):
                 self._capture_state()
             if time.perf_counter() >= deadline:
                 return
 
     def _capture_state(self) -> None:
-        """Send the graph's state after the item just produced (it travels behind that item).
-
-        The next capture comes after as many items as keep capturing under
-        ``CAPTURE_TIME_BUDGET`` of the worker's production time, and at most ``state_interval``
-        items: a graph with a cheap state is captured often (restores replay little), one holding
-        a large shuffle buffer less often (it costs little while streaming). Time spent waiting for
-        credit does not count: a worker ahead of a slow training step would otherwise capture
-        after every item, and every message would carry a state.
-        """
+        """Send the graph's state after the item just produced (it travels behind that item);
+        the pacer says when the next one is due (see :mod:`torchdata_snapshot._capture`)."""
         start = time.perf_counter()
         try:
             blob = capture_graph_state(self._graph)
@@ -239,13 +228,7 @@ class WorkerLoop(ServingLoop):
             self.stateful = False
             return
         self.outbox.put(StateMarkResponse(self.epoch, self.produced, blob))
-        now = time.perf_counter()
-        busy_s = self._busy_s + (now - self._producing_since)
-        per_item_s = (busy_s - self._last_capture[0]) / max(1, self.produced - self._last_capture[1])
-        wanted = (now - start) / (CAPTURE_TIME_BUDGET * max(per_item_s, 1e-9))
-        interval = self.options.restore.state_interval
-        self._next_capture = self.produced + max(1, min(interval, int(wanted) + 1))
-        self._last_capture = (busy_s, self.produced)
+        self.pacer.captured(self.produced, time.perf_counter() - start)
 
     def _end_stream(self, response: Any) -> None:
         self.outbox.put(response)
@@ -284,8 +267,7 @@ class WorkerLoop(ServingLoop):
             source.reset_epoch(self.epoch)
         self.credit = self.produced = 0
         self.digest = CHAIN_START if self.options.restore.verify_replay else None
-        self._next_capture = self.options.restore.state_interval
-        self._busy_s, self._last_capture = 0.0, (0.0, 0)
+        self.pacer.start_epoch()
         self.exhausted = False
         self.iterator = iter(self.datapipe)
         self.outbox.put(ResetEpochResponse(self.epoch))
@@ -304,7 +286,7 @@ class WorkerLoop(ServingLoop):
             known = self.digest is not None and request.state_digest is not None
             self.digest = parse_chain_hex(request.state_digest) if known else None  # type: ignore[arg-type]
         self._replay(start, request.skip, request.digest)
-        self._last_capture = (self._busy_s, self.produced)  # replayed items do not pace captures
+        self.pacer.replayed(self.produced)
         self.outbox.start_epoch(self.epoch, sent=self.produced)  # as if those had been sent
         self.outbox.put(ReplayResponse(self.epoch, request.skip))
 

@@ -1,0 +1,54 @@
+"""``CapturePacer``: when a worker captures the state of its graph, for stateful restore.
+
+A capture costs time (a large shuffle buffer takes a while to copy and pickle) and a restore
+replays what came after the latest capture before the user's position. The pacer spends at most
+``CAPTURE_TIME_BUDGET`` of the worker's production time on captures and captures at most every
+``state_interval`` items: a graph with a cheap state is captured often (restores replay little),
+one holding a large buffer less often (it costs little while streaming). Time spent waiting for
+credit does not count as production: a worker ahead of a slow training step would otherwise
+capture after every item, and every message would carry a state.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Tuple
+
+from torchdata_snapshot._constants import CAPTURE_TIME_BUDGET
+
+__all__ = ["CapturePacer"]
+
+
+class CapturePacer:
+    """Paces one worker's captures; ``clock`` is ``time.perf_counter`` (tests pass their own)."""
+
+    def __init__(self, state_interval: int, clock: Callable[[], float]) -> None:
+        self.state_interval = state_interval
+        self.clock = clock
+        self.start_epoch()
+
+    def start_epoch(self) -> None:
+        self.next_capture = self.state_interval  # the produced count at which to capture next
+        self._busy_s = 0.0  # production time this epoch, waits for credit excluded
+        self._producing_since = 0.0
+        self._last: Tuple[float, int] = (0.0, 0)  # (busy seconds, produced) at the last capture
+
+    def start_producing(self) -> None:
+        self._producing_since = self.clock()
+
+    def stop_producing(self) -> None:
+        self._busy_s += self.clock() - self._producing_since
+
+    def due(self, produced: int) -> bool:
+        return produced >= self.next_capture
+
+    def captured(self, produced: int, capture_s: float) -> None:
+        """A capture that took ``capture_s`` was taken after item ``produced``: schedule the next."""
+        busy_s = self._busy_s + (self.clock() - self._producing_since)
+        per_item_s = (busy_s - self._last[0]) / max(1, produced - self._last[1])
+        wanted = capture_s / (CAPTURE_TIME_BUDGET * max(per_item_s, 1e-9))
+        self.next_capture = produced + max(1, min(self.state_interval, int(wanted) + 1))
+        self._last = (busy_s, produced)
+
+    def replayed(self, produced: int) -> None:
+        """A restore replayed up to item ``produced``: replayed items do not pace captures."""
+        self._last = (self._busy_s, produced)
