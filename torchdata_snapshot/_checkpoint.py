@@ -41,7 +41,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Literal, Optional, Tuple
 
 from torchdata.dataloader2.graph import DataPipe, traverse_dps
 
@@ -61,7 +61,9 @@ __all__ = [
 FORMAT = "torchdata_snapshot.MultiProcessingReadingService"
 FORMAT_VERSION = 2
 
-STATUSES = ("idle", "in_epoch", "finished")
+#: Where the run stood: no epoch started yet, in an epoch, or the epoch's end reached the user.
+Status = Literal["idle", "in_epoch", "finished"]
+STATUSES: Tuple[Status, ...] = ("idle", "in_epoch", "finished")
 
 #: ``(position, blob, digest)``: the pickled state of a worker's graph right after its
 #: ``position``-th item, and the stream's running digest there (``None`` if unknown).
@@ -108,7 +110,7 @@ class Checkpoint:
     num_workers: int
     fingerprint: str
     epoch: int = -1
-    status: str = "idle"
+    status: Status = "idle"
     seed: Optional[Dict[str, Any]] = None
     delivered: int = 0
     replay_in_main: bool = False

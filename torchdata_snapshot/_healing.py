@@ -9,7 +9,7 @@ outstanding. The data is exactly what the dead worker would have sent.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Type
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Type
 
 from torchdata_snapshot._channel import Channel
 from torchdata_snapshot._errors import ProtocolError, WorkerDiedError
@@ -59,13 +59,13 @@ class WorkerReplacer:
             ) from death
         stream.channel.close()
         stream.channel = self.respawn(stream.worker_id)
-        steps: List[Request] = [
-            ResetEpochRequest(epoch, seed_generators[stream.worker_id], iter_reset_fn),
-            replay_request(epoch, stream.position(stream.received)),
+        steps: List[Tuple[Request, Type[Response]]] = [
+            (ResetEpochRequest(epoch, seed_generators[stream.worker_id], iter_reset_fn), ResetEpochResponse),
+            (replay_request(epoch, stream.position(stream.received)), ReplayResponse),
         ]
         if paused:
-            steps.append(PauseRequest())
-        for request, expected in zip(steps, (ResetEpochResponse, ReplayResponse, PauseResponse)):
+            steps.append((PauseRequest(), PauseResponse))
+        for request, expected in steps:
             stream.channel.send(request)
             self._await(stream.channel, expected)
         outstanding = stream.credit.granted - stream.received

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Literal, Tuple
 
-__all__ = ["WorkerSnapshot"]
+__all__ = ["Role", "WorkerSnapshot"]
+
+#: What process a snapshot describes.
+Role = Literal["worker", "dispatcher", "in_process"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class WorkerSnapshot:
     """
 
     worker_id: int
-    role: str
+    role: Role
     pid: int
     epoch: int
     produced: int

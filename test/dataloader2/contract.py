@@ -229,7 +229,7 @@ class Resumer:
             self.process.join(10)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(config: Config, epochs: int) -> Tuple[Tuple[Any, ...], ...]:
     """``S_1 .. S_epochs`` of an uninterrupted run (cached: it is deterministic when seeded)."""
     dl = config.loader()

@@ -33,3 +33,9 @@ def test_every_public_name_is_documented() -> None:
     for name in torchdata_snapshot.__all__:
         obj = getattr(torchdata_snapshot, name)
         assert obj.__doc__ and obj.__doc__.strip(), f"{name} has no docstring"
+
+
+def test_the_package_says_it_is_typed() -> None:
+    from importlib import resources
+
+    assert resources.files("torchdata_snapshot").joinpath("py.typed").is_file()

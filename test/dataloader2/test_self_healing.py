@@ -69,8 +69,9 @@ def test_a_worker_that_keeps_dying_is_given_up_on(make_dl: Any) -> None:
         IterableWrapper(range(50)).sharding_filter().map(partial(kill_always_at, 21)),
         rs(2, restart_dead_workers=2),
     )
-    with pytest.warns(RuntimeWarning, match="restarting it"), pytest.raises(
-        WorkerDiedError, match="restarted 2 times this epoch already: giving up"
+    with (
+        pytest.warns(RuntimeWarning, match="restarting it"),
+        pytest.raises(WorkerDiedError, match="restarted 2 times this epoch already: giving up"),
     ):
         list(dl)
 
