@@ -5,8 +5,9 @@
 #   TORCHDATA_VERSION=0.9.0 pin torchdata (any release from 0.7.1 to 0.9.x); default: newest < 0.10
 #   EXTRAS=test             which optional dependencies of pyproject.toml to install
 #
-# torch is installed as 2.13.0 when the environment has no torch: on these machines that is a
-# CPU build on local disk, while any other request downloads a multi-GB CUDA build.
+# torch is installed as 2.13.0 only when the environment has no torch: it is the release the
+# suite is tested with, and pinning it keeps the set-up from pulling whatever torch is newest (on
+# Linux, a multi-GB CUDA build). Install another torch into the environment first to use it.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${VENV:-$root/.venv}"

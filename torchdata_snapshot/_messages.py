@@ -2,7 +2,8 @@
 
 They sit beside upstream's ``torchdata.dataloader2.communication.messages`` (and subclass its
 ``Request``/``Response`` roots, so ``isinstance`` checks written against upstream still hold),
-with the requests the RFC asked for (``GetStateRequest``/``GetStateResponse``) and what streaming
+with the requests upstream's snapshot RFC asked for (``GetStateRequest``/``GetStateResponse``;
+see the docs' design page) and what streaming
 and restore need. Every message is a small frozen dataclass.
 
 Data moves in batches: a ``GetNextRequest(count=n)`` grants the receiver the right to send ``n``

@@ -1,4 +1,4 @@
-"""The exact-resume contract (SPEC §3) as a reusable helper.
+"""The exact-resume contract (the docs' contract page, docs/contract.rst) as a reusable helper.
 
 ``check_contract(config, positions)`` does what a training job does on a bad day:
 
@@ -32,11 +32,10 @@ RESUME_TIMEOUT_S = 180.0
 def _caches_loaded_state() -> bool:
     """torchdata >= 0.8's DataLoader2.state_dict() returns the loaded state until an iterator is
     created; 0.7.1's asks the reading service, which is only restored by iter() (see the docs)."""
-    import inspect
+    import torchdata
 
-    from torchdata.dataloader2 import DataLoader2
-
-    return "_state_dict" in inspect.getsource(DataLoader2.state_dict)
+    major, minor = (int(part) for part in torchdata.__version__.split(".")[:2])
+    return (major, minor) >= (0, 8)
 
 
 DATALOADER2_CACHES_LOADED_STATE = _caches_loaded_state()
@@ -44,7 +43,7 @@ DATALOADER2_CACHES_LOADED_STATE = _caches_loaded_state()
 
 @dataclass(frozen=True)
 class Config:
-    """One configuration of the contract matrix (SPEC §3.3)."""
+    """One configuration of the contract matrix (docs/contract.rst, "What it is tested over")."""
 
     pipeline: str
     num_workers: int
@@ -277,10 +276,11 @@ def check_contract(
     through: str = "pickle",
     via: str = "from_state",
 ) -> None:
-    """SPEC §3.1-3.2 for ``config`` at every position: no perturbation, exact resume in a fresh process.
+    """No perturbation and exact resume in a fresh process (docs/contract.rst, items 1 and 2), for
+    ``config`` at every position.
 
     Without a seed (``config.seed is None``) epochs are random, so the run that took the states
-    is its own reference: the resumed epoch must still continue it exactly (SPEC §3.6); the
+    is its own reference: the resumed epoch must still continue it exactly (item 4); the
     epochs after it draw new seeds.
     """
     run, states = take_states(config, positions)

@@ -1,4 +1,5 @@
-"""SPEC §3, the exact-resume contract, over its parameter matrix; every resume in a fresh process.
+"""The exact-resume contract (docs/contract.rst) over its parameter matrix; every resume in a fresh
+process.
 
 The default run covers the matrix with ``fork`` and the diagonal of the prefetch counts, plus a
 representative slice with ``spawn`` and ``forkserver``; ``--full-matrix`` runs every

@@ -1,5 +1,6 @@
-"""SPEC §5: every fault ends in a clear exception within a bounded time, leaves no orphan process
-(the autouse guard of conftest.py checks that after every test) and never returns wrong data."""
+"""Faults (docs/troubleshooting.rst): every fault ends in a clear exception within a bounded time,
+leaves no orphan process (the autouse guard of conftest.py checks that after every test) and
+never returns wrong data."""
 
 from __future__ import annotations
 
