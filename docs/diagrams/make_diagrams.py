@@ -1,7 +1,8 @@
-"""Render the protocol's sequence diagrams to SVG: ``python docs/diagrams/make_diagrams.py``.
+"""Render the design's diagrams to SVG: ``python docs/diagrams/make_diagrams.py``.
 
-The diagrams are data (``DIAGRAMS`` below); the committed SVGs are generated from them, and a
-test checks that they are up to date. No Graphviz or Mermaid needed: plain SVG.
+The diagrams are data (``DIAGRAMS``, sequence diagrams of the protocol, and ``STRUCTURE``, the
+processes with their classes and the messages between them); the committed SVGs are generated
+from them, and a test checks that they are up to date. No Graphviz or Mermaid needed: plain SVG.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ DIAGRAMS = {
             ("msg", "main process", "worker 1", "ResetEpochRequest(epoch, seeds)"),
             ("msg", "worker 0", "main process", "ResetEpochResponse"),
             ("msg", "worker 1", "main process", "ResetEpochResponse"),
-            ("msg", "main process", "worker 0", "ReplayRequest(skip=D0, mark, state)"),
-            ("msg", "main process", "worker 1", "ReplayRequest(skip=D1, mark, state)"),
-            ("self", "worker 0", "load state; produce and drop; check mark"),
+            ("msg", "main process", "worker 0", "ReplayRequest(skip=D0, digest, state)"),
+            ("msg", "main process", "worker 1", "ReplayRequest(skip=D1, digest, state)"),
+            ("self", "worker 0", "load state; produce and drop; check running digest"),
             ("msg", "worker 0", "main process", "ReplayResponse"),
             ("msg", "worker 1", "main process", "ReplayResponse"),
             ("msg", "main process", "worker 0", "GetNextRequest(credit)"),
@@ -59,6 +60,100 @@ DIAGRAMS = {
 }
 
 COLUMN_W, ROW_H, TOP, LEFT = 230, 34, 70, 20
+
+# The structure: a process is a box of classes (a class is (name, what it does)); a link is an
+# arrow between two processes, labelled with the messages that travel on it.
+STRUCTURE = (
+    "Processes, classes, messages",
+    [
+        (
+            "main process (training loop)",
+            [
+                ("DataLoader2", "upstream: iterates, saves, restores"),
+                ("MultiProcessingReadingService", "orchestrates DataLoader2's calls"),
+                ("Outlet", "last DataPipe: what the user received"),
+                ("UserPositions", "the user's position in each stream"),
+                ("Checkpoint", "versioned plain-data state"),
+                ("InProcess | WorkerPool", "where the graph runs (num_workers=0 | > 0)"),
+                ("ProcessLauncher", "starts, restarts, stops processes"),
+                ("WorkerConsumer", "round-robin DataPipe, epochs, control"),
+                ("WorkerLinks", "every exchange, bounded waits"),
+                ("WorkerStream (one per worker)", "buffer, counts, credit, digests, states"),
+                ("WorkerReplacer", "self-healing: a new worker, same stream"),
+                ("DispatcherClient", "control of the dispatching process"),
+            ],
+        ),
+        (
+            "worker process (one per worker)",
+            [
+                ("WorkerLoop (ServingLoop)", "serves requests, produces under credit"),
+                ("the replicable graph", "sharded, resumable when it can be"),
+                ("Outbox (a thread)", "writes items and answers, in order"),
+                ("CapturePacer", "when to capture the graph's state"),
+                ("DispatchedSource", "reads the dispatching process"),
+            ],
+        ),
+        (
+            "dispatching process (optional)",
+            [
+                ("DispatcherLoop (ServingLoop)", "sharding_round_robin_dispatch: runs once"),
+                ("the non-replicable graph", "deals item j to worker j % N"),
+            ],
+        ),
+    ],
+    [
+        (0, 1, "ResetEpoch, Replay, GetNext (credit), Pause, Resume, Limit, GetState, Terminate"),
+        (1, 0, "Items (+ running digests), StateMark, StopIteration, WorkerException, answers"),
+        (0, 2, "ResetEpoch, Pause, Resume, Limit, GetState, Terminate"),
+        (2, 1, "Items, StopIteration, WorkerException (GetNext credit from the worker)"),
+    ],
+)
+
+
+def render_structure(
+    title: str,
+    processes: Sequence[Tuple[str, Sequence[Tuple[str, str]]]],
+    links: Sequence[Tuple[int, int, str]],
+) -> str:
+    box_w, row_h, gap = 330, 34, 170
+    xs = [LEFT + i * (box_w + gap) for i in range(len(processes))]
+    heights = [44 + row_h * len(classes) for _, classes in processes]
+    width = xs[-1] + box_w + LEFT
+    top = 50
+    height = top + max(heights) + 40 + 22 * len(links)
+    out: List[str] = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+        '<defs><marker id="arrow" markerWidth="10" markerHeight="8" refX="9" refY="4" orient="auto">'
+        '<path d="M0,0 L10,4 L0,8 z" fill="#333"/></marker></defs>',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{width / 2}" y="24" text-anchor="middle" font-size="14" font-weight="bold">'
+        f"{html.escape(title)}</text>",
+    ]
+    for (name, classes), x, h in zip(processes, xs, heights):
+        out.append(
+            f'<rect x="{x}" y="{top}" width="{box_w}" height="{h}" rx="6" fill="#f7f7f7" stroke="#666"/>'
+        )
+        title_at = f'x="{x + box_w / 2}" y="{top + 20}" text-anchor="middle"'
+        out.append(f'<text {title_at} font-weight="bold">{html.escape(name)}</text>')
+        for row, (cls, what) in enumerate(classes):
+            y = top + 34 + row * row_h
+            cell = f'x="{x + 10}" y="{y}" width="{box_w - 20}" height="{row_h - 6}" rx="3"'
+            out.append(f'<rect {cell} fill="#e8eef7" stroke="#4a6fa5"/>')
+            out.append(f'<text x="{x + 18}" y="{y + 12}" font-weight="bold">{html.escape(cls)}</text>')
+            out.append(
+                f'<text x="{x + 18}" y="{y + 24}" font-size="10" fill="#444">{html.escape(what)}</text>'
+            )
+    arrows_top = top + max(heights) + 24
+    for i, (src, dst, label) in enumerate(links):
+        y = arrows_top + 22 * i
+        x1 = xs[src] + box_w / 2
+        x2 = xs[dst] + box_w / 2
+        out.append(f'<line x1="{x1}" y1="{y}" x2="{x2}" y2="{y}" stroke="#333" marker-end="url(#arrow)"/>')
+        label_at = f'x="{(x1 + x2) / 2}" y="{y - 4}" text-anchor="middle" font-size="10"'
+        out.append(f"<text {label_at}>{html.escape(label)}</text>")
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
 
 
 def render(title: str, participants: Sequence[str], steps: Sequence[Step]) -> str:
@@ -109,9 +204,10 @@ def render(title: str, participants: Sequence[str], steps: Sequence[Step]) -> st
 
 def main(check: bool = False) -> int:
     stale = []
-    for name, (title, participants, steps) in DIAGRAMS.items():
+    svgs = {name: render(*diagram) for name, diagram in DIAGRAMS.items()}
+    svgs["structure"] = render_structure(*STRUCTURE)
+    for name, svg in svgs.items():
         path = HERE / f"{name}.svg"
-        svg = render(title, participants, steps)
         if check:
             if not path.exists() or path.read_text() != svg:
                 stale.append(path.name)
