@@ -173,7 +173,10 @@ class MultiProcessingReadingService(
     def _reset_runtime(self) -> None:
         """Everything that only exists between ``initialize`` and ``finalize``."""
         self._runtime: Optional[Union[InProcess, WorkerPool]] = None
-        self._end_datapipe: Optional[Outlet] = None
+        self._outlet: Optional[Outlet] = None  # the last DataPipe: what the user received
+        # The last DataPipe of the graph as adapted (upstream's name; code that introspects the
+        # adapted graph, upstream's tests among it, looks there): the outlet's source.
+        self._end_datapipe: Optional[DataPipe] = None
         self._main_datapipes: List[DataPipe] = []  # the DataPipes that run in this process
         self._epoch = NO_EPOCH
         self._epoch_seed: Optional[dict] = None  # SeedGenerator state at the start of the epoch
@@ -221,7 +224,8 @@ class MultiProcessingReadingService(
         outlet = Outlet(runtime.end, runtime.positions)
         outlet.verify = self.restore_options.verify_replay
         outlet.rng = runtime.rng
-        self._end_datapipe = outlet
+        self._outlet = outlet
+        self._end_datapipe = runtime.end
         self._main_datapipes = [dp for _, dp in graph_datapipes(outlet)]
         self._initialized = True
         return outlet
@@ -234,7 +238,7 @@ class MultiProcessingReadingService(
         self, seed_generator: SeedGenerator, iter_reset_fn: Optional[Callable[[DataPipe], DataPipe]] = None
     ) -> Optional[Callable[[DataPipe], DataPipe]]:
         self._check_open()
-        outlet = self._end_datapipe
+        outlet = self._outlet
         assert outlet is not None, "initialize() must be called first"
         resume, self._pending_restore = self._pending_restore, None
         self._epoch += 1
@@ -278,7 +282,7 @@ class MultiProcessingReadingService(
         anything and does not change the data; its size does not depend on the position.
         """
         self._check_open()
-        outlet, runtime = self._end_datapipe, self._runtime
+        outlet, runtime = self._outlet, self._runtime
         if outlet is None or runtime is None or self._epoch < 0:
             workers = (WorkerPosition(),) * self.num_workers
             return Checkpoint(
@@ -354,7 +358,7 @@ class MultiProcessingReadingService(
             self._check_open()
             assert self._runtime is not None
             self._runtime.limit(num_batches, limit_fn)
-            limit_fn(self._end_datapipe, num_batches)
+            limit_fn(self._outlet, num_batches)
         return None
 
     # --- the RFC: snapshot --------------------------------------------------------------------
@@ -381,9 +385,9 @@ class MultiProcessingReadingService(
             raise ReadingServiceError(
                 "snapshot() needs a running reading service: create an iterator of the DataLoader2 first"
             )
-        assert self._runtime is not None and self._end_datapipe is not None
+        assert self._runtime is not None and self._outlet is not None
         with paused([] if self._paused else pausable(self._main_datapipes)):
-            return self._runtime.snapshot(self._end_datapipe, self._epoch, self._paused)
+            return self._runtime.snapshot(self._outlet, self._epoch, self._paused)
 
     def __repr__(self) -> str:
         return (
