@@ -249,7 +249,7 @@ class MultiProcessingReadingService(
             # of the uninterrupted run.
             load_seed_state(seed_generator, resume.seed)
         self._epoch_seed = seed_state(seed_generator)
-        advance_epoch_seed(seed_generator, self._epoch)
+        advance_epoch_seed(seed_generator)
         assert self._runtime is not None
         self._runtime.start_epoch(outlet, self._epoch, seed_generator, iter_reset_fn, resume)
         outlet.start_epoch_at(self._epoch, resume)

@@ -46,17 +46,22 @@ def _ints(value: Any, length: Optional[int], where: str) -> List[int]:
     return value
 
 
-def advance_epoch_seed(seed_generator: SeedGenerator, epoch: int) -> None:
-    """Make every epoch's seeds differ, deterministically.
+def advance_epoch_seed(seed_generator: SeedGenerator) -> None:
+    """Advance ``seed_generator`` in place, so that the next epoch gets other seeds.
 
+    An epoch's data and its workers' RNG states are a function of the graph and of the state
+    of the generator DataLoader2 hands to ``initialize_iteration``, nothing else: no epoch
+    counter is mixed in, so re-seeding DataLoader2's generator the same way (``dl.seed(s)``, or
+    without it the global ``torch`` seed ``iter()`` draws it from) repeats an epoch exactly.
     Upstream's MPRS seeds workers with ``seed_generator.spawn(worker_id)``, which does not
-    advance the generator: unless a random DataPipe runs in the main process, every epoch gets
-    the same seeds, so a seeded DataLoader2 repeats the same shuffle each epoch. Here the shared
-    stream is advanced by one draw and the per-process stream is spawned for the epoch, which
-    keeps the rank-specific part that ``DistributedReadingService`` put there.
+    advance the generator: with ``dl.seed(s)``, unless a random DataPipe runs in the main
+    process, every epoch got the same seeds and repeated the same shuffle. Here the shared
+    stream moves by one draw, and the per-process stream (whose spawns depend on how it was
+    seeded, not on its draws) is replaced by its spawn at an index drawn from itself, which
+    keeps the rank-specific part ``DistributedReadingService`` put there.
     """
     seed_generator.generate_shared_seed()
-    seed_generator.spawn(epoch, inplace=True)
+    seed_generator.spawn(seed_generator.generate_seed(), inplace=True)
 
 
 def check_seed_state(state: Any) -> Dict[str, Dict[str, Any]]:

@@ -5,12 +5,14 @@ beginning, seeds that depend only on the SeedGenerator handed over, and breaking
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, List, Tuple
 
 import numpy
 import pytest
 import torch
-from pipelines import NonReplicable, rs
+from pipelines import NonReplicable, double, pipeline, rs, with_global_randomness
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
+from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
 
 
@@ -29,3 +31,56 @@ def test_the_end_datapipe_is_the_last_datapipe_of_the_adapted_graph(make_dl: Any
     it = iter(dl)
     assert type(dl.reading_service._end_datapipe) is NonReplicable, "what upstream puts there"
     assert sorted(list(it) + list(dl)) == sorted(2 * list(range(10)))
+
+
+# --- seeds: a function of the SeedGenerator handed over, nothing else --------------------------
+
+
+def epoch_with_global_draws(dl: DataLoader2) -> List[Tuple[Any, ...]]:
+    return [tuple(item) for item in dl]
+
+
+@pytest.mark.parametrize("num_workers", [1, 3])
+def test_reseeding_the_globals_before_an_epoch_gives_the_same_data_and_worker_draws(
+    make_dl: Any, num_workers: int
+) -> None:
+    """Without dl.seed(), DataLoader2 seeds its generator from torch's global RNG at every iter():
+    re-seeding the globals identically before two epochs must give the same items and the same
+    draws from the workers' random/torch/numpy (no epoch counter mixed into the seeds)."""
+    dl = make_dl(
+        IterableWrapper(range(32)).shuffle().sharding_filter().map(with_global_randomness),
+        rs(num_workers),
+        seed=None,
+    )
+    epochs = []
+    for seed in (123, 123, 321):
+        reseed_globals(seed)
+        epochs.append(epoch_with_global_draws(dl))
+    assert epochs[0] == epochs[1], "same generator state: same data, same worker-local draws"
+    assert [x[0] for x in epochs[0]] != [x[0] for x in epochs[2]], "another seed: another order"
+    assert [x[1:] for x in epochs[0]] != [x[1:] for x in epochs[2]], "and other worker-local draws"
+
+
+def test_reseeding_the_globals_gives_the_same_data_with_a_dispatching_process(make_dl: Any) -> None:
+    dispatched = (
+        IterableWrapper(list(range(10)))
+        .shuffle()
+        .sharding_round_robin_dispatch(SHARDING_PRIORITIES.MULTIPROCESSING)
+    )
+    dl = make_dl(dispatched.map(double).shuffle(), rs(2), seed=None)
+    epochs = []
+    for seed in (123, 123, 321):
+        reseed_globals(seed)
+        epochs.append(list(dl))
+    assert sorted(epochs[0]) == [2 * x for x in range(10)]
+    assert epochs[0] == epochs[1] and epochs[0] != epochs[2]
+
+
+def test_a_seeded_loader_still_reshuffles_every_epoch_and_repeats_across_loaders(make_dl: Any) -> None:
+    def epochs() -> List[List[Any]]:
+        dl = make_dl(pipeline("shuffle_before_sharding", 40), rs(2), seed=7)
+        return [list(dl) for _ in range(3)]
+
+    first, again = epochs(), epochs()
+    assert first == again
+    assert first[0] != first[1] != first[2]
