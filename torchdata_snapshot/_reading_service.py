@@ -21,6 +21,7 @@ from torchdata.dataloader2.reading_service import CheckpointableReadingServiceIn
 from torchdata.dataloader2.utils import WorkerInfo
 
 from torchdata_snapshot._checkpoint import Checkpoint, WorkerPosition, graph_fingerprint
+from torchdata_snapshot._compat import calling_dataloader2_is_seeded
 from torchdata_snapshot._constants import JOIN_TIMEOUT_S, NO_EPOCH
 from torchdata_snapshot._consumer import credit_window
 from torchdata_snapshot._errors import (
@@ -242,6 +243,17 @@ class MultiProcessingReadingService(
         assert outlet is not None, "initialize() must be called first"
         resume, self._pending_restore = self._pending_restore, None
         self._epoch += 1
+        if (
+            resume is not None
+            and seed_state(seed_generator) == resume.seed
+            and calling_dataloader2_is_seeded()
+        ):
+            # DataLoader2._restore_checkpoint_beginning_of_epoch() hands over the generator as it
+            # was when the saved epoch started: upstream's meaning is to replay that epoch from
+            # its beginning, so it starts afresh, with those seeds. (Unseeded, DataLoader2 draws
+            # a new generator at every iter(), which the call cannot change; a fresh process may
+            # then draw the saved epoch's by chance: the epoch still resumes where it stopped.)
+            resume = None
         if resume is not None:
             # The generator DataLoader2 hands over was saved *after* this epoch's seeding (and
             # DistributedReadingService may have advanced it again): put it back, in place, to

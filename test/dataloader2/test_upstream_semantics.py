@@ -10,7 +10,7 @@ from typing import Any, List, Tuple
 import numpy
 import pytest
 import torch
-from pipelines import NonReplicable, double, pipeline, rs, with_global_randomness
+from pipelines import NonReplicable, double, pipeline, rs, take, with_global_randomness
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
@@ -31,6 +31,68 @@ def test_the_end_datapipe_is_the_last_datapipe_of_the_adapted_graph(make_dl: Any
     it = iter(dl)
     assert type(dl.reading_service._end_datapipe) is NonReplicable, "what upstream puts there"
     assert sorted(list(it) + list(dl)) == sorted(2 * list(range(10)))
+
+
+# --- restarting the saved epoch from its beginning ----------------------------------------------
+
+
+@pytest.mark.parametrize("via", ["from_state", "load_state_dict"])
+@pytest.mark.parametrize("options", [{"num_workers": 0}, {"stateful": False}, {"state_interval": 2}])
+def test_restore_checkpoint_beginning_of_epoch_restarts_the_saved_epoch(
+    make_dl: Any, via: str, options: Any
+) -> None:
+    options = {"num_workers": 2, **options}
+    dl = make_dl(pipeline("shuffle_after_sharding", 40), rs(**options))
+    first_epoch = list(dl)
+    it = iter(dl)
+    second_epoch_head = take(it, 7)
+    state = dl.state_dict()
+    second_epoch = second_epoch_head + list(it)
+    assert second_epoch != first_epoch
+    if via == "from_state":
+        again = DataLoader2.from_state(state, rs(**options))
+    else:
+        again = DataLoader2(pipeline("shuffle_after_sharding", 40), reading_service=rs(**options))
+        again.load_state_dict(state)
+    try:
+        again._restore_checkpoint_beginning_of_epoch()
+        assert list(again) == second_epoch, "the whole saved epoch, from its first item"
+    finally:
+        again.shutdown()
+
+
+def test_without_that_call_the_saved_epoch_resumes_mid_epoch(make_dl: Any) -> None:
+    dl = make_dl(pipeline("shuffle_after_sharding", 40), rs(2))
+    it = iter(dl)
+    head = take(it, 7)
+    state = dl.state_dict()
+    rest = list(it)
+    again = DataLoader2.from_state(state, rs(2))
+    try:
+        assert list(again) == rest and len(head) == 7
+    finally:
+        again.shutdown()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_unseeded_loader_resumes_mid_epoch_even_when_it_draws_the_saved_epochs_seed(
+    make_dl: Any, num_workers: int
+) -> None:
+    """Unseeded, DataLoader2 seeds its generator from torch's global RNG at every iter(); a fresh
+    process draws the same first value as the run it restores, which must not be taken for
+    _restore_checkpoint_beginning_of_epoch()."""
+    torch.manual_seed(5)  # as in a fresh process
+    dl = make_dl(pipeline("shuffle_before_sharding", 40), rs(num_workers), seed=None)
+    it = iter(dl)
+    take(it, 7)
+    state = dl.state_dict()
+    rest = list(it)
+    torch.manual_seed(5)  # the restoring process draws the same generator seed
+    again = DataLoader2.from_state(state, rs(num_workers))
+    try:
+        assert list(again) == rest
+    finally:
+        again.shutdown()
 
 
 # --- seeds: a function of the SeedGenerator handed over, nothing else --------------------------
