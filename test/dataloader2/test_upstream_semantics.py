@@ -146,3 +146,24 @@ def test_a_seeded_loader_still_reshuffles_every_epoch_and_repeats_across_loaders
     first, again = epochs(), epochs()
     assert first == again
     assert first[0] != first[1] != first[2]
+
+
+# --- breaking out early -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("worker_prefetch_cnt", [0, 10])
+@pytest.mark.parametrize("main_prefetch_cnt", [0, 10])
+@pytest.mark.parametrize("shape", ["shuffle_before_sharding", "dispatch"])
+def test_shutting_down_after_a_few_items_is_clean(
+    shape: str, main_prefetch_cnt: int, worker_prefetch_cnt: int
+) -> None:
+    for _ in range(3):  # upstream's version of this test is flaky (pytorch/data#1310); ours is not
+        dl = DataLoader2(
+            pipeline(shape, 1000),
+            reading_service=rs(
+                2, main_prefetch_cnt=main_prefetch_cnt, worker_prefetch_cnt=worker_prefetch_cnt
+            ),
+        )
+        it = iter(dl)
+        assert len(take(it, 10)) == 10
+        dl.shutdown()
