@@ -20,7 +20,7 @@ version = release
 
 extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.viewcode"]
 templates_path: list = []
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "upstream"]  # upstream/: pages written for torchdata's docs
 html_theme = "alabaster"
 html_static_path: list = []
 autodoc_member_order = "bysource"
