@@ -41,6 +41,7 @@ __all__ = [
     "ParentWatch",
     "describe_exit",
     "make_pipe_pair",
+    "process_exit",
 ]
 
 
@@ -58,6 +59,18 @@ def describe_exit(exitcode: Optional[int]) -> str:
         except ValueError:
             return f"exit code {exitcode}"
     return f"exit code {exitcode}"
+
+
+def process_exit(process: BaseProcess, wait_s: float = 0.0) -> Tuple[bool, Optional[int]]:
+    """``(exited, exit code)`` of ``process`` after waiting up to ``wait_s`` for it. A process the
+    reading service closed at shutdown (releasing its handles) has exited, code unknown."""
+    try:
+        if wait_s:
+            process.join(wait_s)
+        code = process.exitcode
+    except ValueError:  # closed: it was joined before
+        return True, None
+    return code is not None, code
 
 
 def make_pipe_pair(ctx: Any = None) -> Tuple[Channel, Endpoint, Tuple[Connection, Connection]]:
@@ -170,7 +183,8 @@ class Channel:
         pid: Optional[int] = None,
     ) -> Channel:
         """Name the serving side for errors; ``process`` (if owned) or ``pid`` identify it."""
-        self.name, self.process, self.watch, self._pid = name, process, watch, pid
+        self.name, self.process, self.watch = name, process, watch
+        self._pid = process.pid if process is not None else pid
         return self
 
     def fileno(self) -> int:
@@ -220,21 +234,20 @@ class Channel:
 
     @property
     def pid(self) -> Optional[int]:
-        return self._pid if self.process is None else self.process.pid
+        return self._pid
 
     def check_alive(self) -> None:
         """Raise :class:`WorkerDiedError` if the serving process (or what ``watch`` covers) died."""
-        if self.process is not None and self.process.exitcode is not None:
+        if self.process is not None and process_exit(self.process)[0]:
             self._raise_dead(None)
         if self.watch is not None:
             self.watch()
 
     def _raise_dead(self, cause: Optional[BaseException]) -> None:
-        exitcode = None
+        exited, exitcode = False, None
         if self.process is not None:
-            self.process.join(EXIT_CODE_WAIT_S)
-            exitcode = self.process.exitcode
-        if self.watch is not None and (self.process is None or exitcode is None):
+            exited, exitcode = process_exit(self.process, EXIT_CODE_WAIT_S)
+        if self.watch is not None and not exited:
             self.watch()  # the real culprit may be another process
         raise WorkerDiedError(
             f"{self.name} (pid {self.pid}) exited unexpectedly with {describe_exit(exitcode)}"

@@ -17,7 +17,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.utils import WorkerInfo
 
-from torchdata_snapshot._channel import Channel, describe_exit, make_pipe_pair
+from torchdata_snapshot._channel import Channel, describe_exit, make_pipe_pair, process_exit
 from torchdata_snapshot._compat import attach_wrapper
 from torchdata_snapshot._constants import JOIN_TIMEOUT_S
 from torchdata_snapshot._dispatch import run_dispatcher
@@ -37,6 +37,7 @@ class ProcessLauncher:
         self.options = options
         self.workers: List[Optional[BaseProcess]] = [None] * num_workers
         self.dispatcher: Optional[BaseProcess] = None
+        self._dispatcher_pid: Optional[int] = None
         self._worker_graph: Any = None  # the replicable branch, wrapped for pickling
 
     @property
@@ -63,7 +64,7 @@ class ProcessLauncher:
             daemon=True,
         )
         process.start()
-        self.dispatcher = process
+        self.dispatcher, self._dispatcher_pid = process, process.pid
         for end in control_child_ends:
             end.close()
         for _, _, child_ends in links:
@@ -88,7 +89,7 @@ class ProcessLauncher:
 
     def start_worker(self, worker_id: int, dispatcher_link: Optional[Channel] = None) -> Channel:
         """Start worker ``worker_id``; return its channel."""
-        dispatcher_pid = None if self.dispatcher is None else self.dispatcher.pid
+        dispatcher_pid = None if self.dispatcher is None else self._dispatcher_pid
         channel, endpoint, child_ends = make_pipe_pair(self.ctx)
         info = WorkerInfo(self.num_workers, worker_id)
         args = (
@@ -122,17 +123,25 @@ class ProcessLauncher:
             RuntimeWarning,
             stacklevel=2,
         )
+        if dead.exitcode is not None:
+            dead.close()
         return self.start_worker(worker_id)
 
     def check_dispatcher(self) -> None:
         """Liveness check run by every wait on a worker: the worker may be waiting for the dispatcher."""
-        process = self.dispatcher
-        if process is not None and process.exitcode is not None:
-            how = describe_exit(process.exitcode)
-            raise WorkerDiedError(f"dispatching process (pid {process.pid}) exited unexpectedly with {how}")
+        if self.dispatcher is None:
+            return
+        exited, code = process_exit(self.dispatcher)
+        if exited:
+            how = describe_exit(code)
+            raise WorkerDiedError(
+                f"dispatching process (pid {self._dispatcher_pid}) exited unexpectedly with {how}"
+            )
 
     def stop(self, wait_s: float) -> None:
-        """Join every process within ``wait_s`` (in total), then kill those still alive (bounded)."""
+        """Join every process within ``wait_s`` (in total), then kill those still alive (bounded),
+        and release what each held in this process (its sentinel pipe) at once, not when the
+        loader is garbage collected."""
         processes = self.processes
         deadline = time.monotonic() + wait_s
         for process in processes:
@@ -142,3 +151,5 @@ class ProcessLauncher:
                 process.kill()
         for process in processes:
             process.join(JOIN_TIMEOUT_S)
+            if process.exitcode is not None:
+                process.close()

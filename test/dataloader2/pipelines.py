@@ -343,8 +343,22 @@ class OffByOneState(IterDataPipe):
 
 
 def worker_processes(dl: Any) -> List[Any]:
-    """The ``multiprocessing.Process`` of each worker of ``dl``'s reading service."""
+    """The ``multiprocessing.Process`` of each worker of ``dl``'s reading service (shutdown
+    closes them: read what you need before)."""
     return list(dl.reading_service._runtime.launcher.workers)
+
+
+def gone(pids: List[int]) -> bool:
+    """Whether none of the processes ``pids`` exists any more (reaped, not even a zombie)."""
+    import psutil
+
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            pass
+    return True
 
 
 def kept_per_worker(dl: Any) -> List[int]:
