@@ -17,6 +17,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="start method of the tests that do not choose one (default: fork)",
     )
     parser.addoption(
+        "--fuzz-examples",
+        type=int,
+        default=40,
+        help="how many damaged checkpoints the fuzz test tries (CI's workflow: 10000)",
+    )
+    parser.addoption(
         "--full-matrix",
         action="store_true",
         default=False,
@@ -31,6 +37,8 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.register_profile("suite", max_examples=20, deadline=None)
     settings.register_profile("full-matrix", max_examples=150, deadline=None)
     settings.load_profile("full-matrix" if config.getoption("--full-matrix") else "suite")
+    # Read by test_checkpoint_fuzz.py when it is imported (hypothesis settings are set then).
+    os.environ["TORCHDATA_SNAPSHOT_FUZZ_EXAMPLES"] = str(config.getoption("--fuzz-examples"))
     context = config.getoption("--mp-context")
     if context is not None:
         # An environment variable, read by test/dataloader2/pipelines.py when it is imported

@@ -163,7 +163,7 @@ class Checkpoint:
                 f"not a torchdata_snapshot checkpoint: format is {state.get('format')!r}, expected {FORMAT!r}"
             )
         version = state.get("version")
-        if version not in _READABLE_KEYS:
+        if not _is_int(version) or version not in _READABLE_KEYS:
             raise InvalidCheckpointError(
                 f"the checkpoint has format version {version!r}; this torchdata_snapshot reads versions "
                 f"{', '.join(map(str, sorted(_READABLE_KEYS)))}"
@@ -214,13 +214,23 @@ class Checkpoint:
             check_seed_state(seed)
         elif status == "in_epoch":
             raise InvalidCheckpointError("a state taken in an epoch must record the epoch's seed")
+        delivered = _count(state, "delivered")
+        if (
+            status == "in_epoch"
+            and not state["replay_in_main"]
+            and delivered != sum(p.delivered for p in positions)
+        ):
+            raise InvalidCheckpointError(
+                f"'delivered' ({delivered}) must be what the workers' streams delivered, "
+                f"{sum(p.delivered for p in positions)}"
+            )
         return cls(
             num_workers=num_workers,
             fingerprint=state["fingerprint"],
             epoch=epoch,
             status=status,
             seed=seed,
-            delivered=_count(state, "delivered"),
+            delivered=delivered,
             replay_in_main=state["replay_in_main"],
             digest=_digest(state["digest"], "the state"),
             workers=tuple(positions),

@@ -21,7 +21,7 @@ from typing import Any, Iterator, Optional, Tuple
 
 import torch
 
-__all__ = ["IsolatedRNG", "global_rng_state", "set_global_rng_state"]
+__all__ = ["IsolatedRNG", "check_global_rng_state", "global_rng_state", "set_global_rng_state"]
 
 
 def global_rng_state() -> Tuple[Any, Any, Any]:
@@ -41,6 +41,16 @@ def set_global_rng_state(state: Tuple[Any, Any, Any]) -> None:
     torch.set_rng_state(torch_state)
     if numpy_state is not None:
         sys.modules["numpy"].random.set_state(numpy_state)
+
+
+def check_global_rng_state(state: Any) -> None:
+    """Raise if ``state`` is not one :func:`global_rng_state` returns (tried on scratch
+    generators, so that nothing global changes)."""
+    python_state, torch_state, numpy_state = state
+    random.Random().setstate(python_state)
+    torch.Generator().set_state(torch_state)
+    if numpy_state is not None:
+        sys.modules["numpy"].random.RandomState().set_state(numpy_state)
 
 
 class IsolatedRNG:

@@ -16,7 +16,7 @@ from torchdata_snapshot._errors import InvalidCheckpointError
 
 __all__ = ["advance_epoch_seed", "check_seed_state", "load_seed_state", "seed_state"]
 
-_UINT64 = 2**64
+_UINT32 = 2**32
 
 
 def _plain_engine(fields: Dict[str, Any]) -> Dict[str, Any]:
@@ -38,10 +38,10 @@ def _ints(value: Any, length: Optional[int], where: str) -> List[int]:
     if (
         not isinstance(value, list)
         or (length is not None and len(value) != length)
-        or not all(isinstance(x, int) and not isinstance(x, bool) and -_UINT64 < x < _UINT64 for x in value)
+        or not all(isinstance(x, int) and not isinstance(x, bool) and -1 <= x < _UINT32 for x in value)
     ):
         raise InvalidCheckpointError(
-            f"seed state: {where} must be a list of {length or 'some'} integers, got {value!r}"
+            f"seed state: {where} must be a list of {length or 'some'} 32-bit integers, got {value!r}"
         )
     return value
 

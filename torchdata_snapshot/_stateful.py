@@ -77,7 +77,7 @@ from torchdata_snapshot._compat import (
 )
 from torchdata_snapshot._errors import StateCaptureError, StateRestoreError
 from torchdata_snapshot._graph import datapipe_state_dicts, describe_datapipe, graph_datapipes
-from torchdata_snapshot._rng import global_rng_state, set_global_rng_state
+from torchdata_snapshot._rng import check_global_rng_state, global_rng_state, set_global_rng_state
 
 __all__ = [
     "ADAPTERS",
@@ -95,14 +95,33 @@ __all__ = [
 _RNG_KEY = "__global_rng__"
 
 
+def _expect(state: Any, owner: str, **fields: Any) -> Dict[str, Any]:
+    """``state`` if it is a dict with exactly ``fields`` (name -> type, or tuple of types; ints
+    must be non-negative), else ``ValueError`` naming what is wrong: a state is checked when it is
+    loaded, not when a corrupted one would fail halfway through an iteration."""
+    if not isinstance(state, dict) or set(state) != set(fields):
+        raise ValueError(f"the state of {owner} must have the fields {sorted(fields)}, got {state!r:.200}")
+    for name, kind in fields.items():
+        value = state[name]
+        if not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 0)):
+            raise ValueError(f"the state of {owner}: {name!r} is not a valid {kind}: {value!r:.200}")
+    return state
+
+
 class Resumable(IterDataPipe):
     """Base of the equivalents in this module: ``state_dict()`` describes the DataPipe at a yield
-    point; a state given to ``load_state_dict()`` is used by the next iteration, once."""
+    point; a state given to ``load_state_dict()`` is checked against ``STATE`` (field -> type)
+    and used by the next iteration, once."""
 
+    STATE: Dict[str, Any] = {}
     _pending: Optional[Dict[str, Any]] = None
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self._pending = state
+        self._pending = self._check_state(_expect(state, type(self).__name__, **self.STATE))
+
+    def _check_state(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        """Checks beyond the fields' types (a subclass's); the state, unchanged."""
+        return state
 
     def _take_pending(self) -> Optional[Dict[str, Any]]:
         state, self._pending = self._pending, None
@@ -116,6 +135,13 @@ class ResumableIterableWrapper(Resumable):
     """``IterableWrapper`` over a sequence: its state is the position in it (where this iteration
     started plus what torch's iterator hook counted since, so no per-item bookkeeping). A
     resumed iteration starts at the position by indexing, in constant time."""
+
+    STATE = {"position": int}
+
+    def _check_state(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        if state["position"] > len(self.iterable):
+            raise ValueError(f"position {state['position']} is past the end ({len(self.iterable)} items)")
+        return state
 
     def __init__(self, iterable: Sequence, deepcopy: bool = True) -> None:
         self.iterable = iterable
@@ -147,6 +173,12 @@ class ResumableIterableWrapper(Resumable):
 
 class ResumableShuffler(Resumable):
     """``Shuffler`` with the same reservoir sampling and RNG use; its state is buffer and RNG."""
+
+    STATE = {"enabled": bool, "buffer": list, "rng": tuple}
+
+    def _check_state(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        random.Random().setstate(state["rng"])  # raises for a state that is not one
+        return state
 
     def __init__(self, datapipe: IterDataPipe, buffer_size: int, enabled: bool, seed: Optional[int]) -> None:
         self.datapipe = datapipe
@@ -203,6 +235,8 @@ class _Expanding(Resumable):
     """A one-to-many DataPipe: each source element expands into items; its state is what is left
     of the current element's expansion (which therefore is materialized when it starts)."""
 
+    STATE = {"items": list}
+
     datapipe: IterDataPipe
     _items: Deque[Any] = deque()
 
@@ -255,6 +289,8 @@ class ResumableFlatMapper(_Expanding):
 class ResumableHeader(Resumable):
     """``Header``: its state is how many items it took."""
 
+    STATE = {"taken": int}
+
     def __init__(self, source_datapipe: IterDataPipe, limit: Optional[int]) -> None:
         self.source_datapipe = source_datapipe
         self.limit = limit
@@ -281,6 +317,8 @@ class ResumableCycler(Resumable):
     iterates the source afresh, so the states loaded into the source's subgraph are forgotten
     before it starts (see :func:`forget_loaded_states`).
     """
+
+    STATE = {"cycle": int}
 
     def __init__(self, source_datapipe: IterDataPipe, count: Optional[int]) -> None:
         self.source_datapipe = source_datapipe
@@ -317,6 +355,13 @@ _SUBGRAPHS: weakref.WeakKeyDictionary[ResumableCycler, List[DataPipe]] = weakref
 class ResumableConcater(Resumable):
     """``Concater``: its state is the source in progress."""
 
+    STATE = {"index": int}
+
+    def _check_state(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        if state["index"] > len(self.datapipes):
+            raise ValueError(f"source {state['index']} of {len(self.datapipes)} does not exist")
+        return state
+
     def __init__(self, *datapipes: IterDataPipe) -> None:
         self.datapipes = datapipes
         self._index = 0
@@ -335,6 +380,8 @@ class ResumableConcater(Resumable):
 class ResumableMultiplexer(Resumable):
     """``Multiplexer`` (one item from each source per round, until one is exhausted): its state is
     what is left of the round in progress."""
+
+    STATE = {"round": list}
 
     def __init__(self, *datapipes: IterDataPipe) -> None:
         self.datapipes = datapipes
@@ -364,6 +411,8 @@ class ResumableMultiplexer(Resumable):
 class ResumableFileLister(Resumable):
     """``FileLister``: its state is the root being listed and how many of its files were yielded
     (the listing is recomputed on restore, not stored)."""
+
+    STATE = {"root": (str, type(None)), "yielded": int}
 
     def __init__(self, upstream: FileListerIterDataPipe) -> None:
         self.datapipe = upstream.datapipe
@@ -417,7 +466,7 @@ def _sharding_load(sf: ShardingFilterIterDataPipe, state: Dict[str, Any]) -> Non
     enumeration over the resumed source must therefore pick the indices ``k`` with
     ``(k + i + 1) % n == instance_id``, i.e. ``k % n == n - 1``.
     """
-    yielded = state["yielded"]
+    yielded = _expect(state, "ShardingFilter", yielded=int)["yielded"]
     original = _SHIFTED[sf][0] if sf in _SHIFTED else sf.instance_id
     _SHIFTED[sf] = (original, yielded)
     if yielded:
@@ -540,9 +589,16 @@ def capture_graph_state(graph: List[Tuple[str, DataPipe]]) -> bytes:
 def load_graph_state(graph: List[Tuple[str, DataPipe]], blob: bytes) -> None:
     """Load a :func:`capture_graph_state` blob into ``graph`` (same structure) before iterating.
 
-    Raises :class:`StateRestoreError` naming the DataPipe whose ``load_state_dict`` fails.
+    Raises :class:`StateRestoreError` naming the DataPipe whose ``load_state_dict`` fails, or
+    saying that the blob is not such a state (a damaged checkpoint).
     """
-    states = pickle.loads(blob)
+    try:
+        states = pickle.loads(blob)
+        if not isinstance(states, dict) or _RNG_KEY not in states:
+            raise ValueError(f"it unpickles to {type(states).__name__}, not the state of a graph")
+        check_global_rng_state(states[_RNG_KEY])
+    except Exception as e:
+        raise StateRestoreError(f"the worker's graph state cannot be loaded: {type(e).__name__}: {e}") from e
     for key, dp in graph:
         if key not in states:
             continue

@@ -181,6 +181,7 @@ SERIES: Tuple[Commit, ...] = (
             "test_upstream_semantics.py",
             "test_contract.py",
             "test_contract_property.py",
+            "test_checkpoint_fuzz.py",
         ),
     ),
 )
@@ -281,6 +282,7 @@ def rewrite_test(source: str) -> str:
     options are registered only when its folder is given to pytest."""
     text = rewrite(source)
     text = text.replace('getoption("--mp-context")', 'getoption("--mp-context", None)')
+    text = text.replace('getoption("--fuzz-examples")', 'getoption("--fuzz-examples", 40)')
     return text.replace('getoption("--full-matrix")', 'getoption("--full-matrix", False)')
 
 

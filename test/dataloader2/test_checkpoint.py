@@ -97,6 +97,8 @@ def corrupt(edit: Callable[[Dict[str, Any]], Any], keep_checksum: bool = False) 
             corrupt(lambda s: s.update(version=3)),
             "format version 3; this torchdata_snapshot reads versions 1, 2",
         ),
+        (corrupt(lambda s: s.update(version=[1])), "format version \\[1\\]; this torchdata_snapshot"),
+        (corrupt(lambda s: s.update(version=True)), "format version True; this torchdata_snapshot"),
         (corrupt(lambda s: s.pop("workers")), "truncated: missing workers"),
         (corrupt(lambda s: s.pop("checksum")), "truncated: missing checksum"),
         (corrupt(lambda s: s.update(extra=1)), "unknown fields: extra"),
@@ -121,8 +123,15 @@ def corrupt(edit: Callable[[Dict[str, Any]], Any], keep_checksum: bool = False) 
         (corrupt(lambda s: s.update(epoch="3")), "'epoch' must be an int"),
         (corrupt(lambda s: s.update(next_worker=2)), "'next_worker' must be < num_workers"),
         (corrupt(lambda s: s.update(seed=None)), "must record the epoch's seed"),
-        (corrupt(lambda s: s["seed"]["shared"].update(ctr=[1])), "shared.ctr must be a list of 4 integers"),
+        (
+            corrupt(lambda s: s["seed"]["shared"].update(ctr=[1])),
+            "shared.ctr must be a list of 4 32-bit integers",
+        ),
         (corrupt(lambda s: s.update(replay_in_main=1)), "'replay_in_main' must be a bool"),
+        (
+            corrupt(lambda s: s.update(delivered=9)),
+            "'delivered' \\(9\\) must be what the workers' streams delivered, 7",
+        ),
     ],
 )
 def test_invalid_states_are_refused_with_the_reason(state: Any, match: str) -> None:

@@ -51,9 +51,14 @@ def test_the_state_does_not_alias_the_generator() -> None:
     [
         (lambda s: s.pop("worker"), "keys 'shared' and 'worker'"),
         (lambda s: s["shared"].pop("ctr"), "unexpected fields"),
-        (lambda s: s["shared"].__setitem__("ctr", [1, 2]), "shared.ctr must be a list of 4 integers"),
-        (lambda s: s["worker"].__setitem__("seed", ["a", 0]), "worker.seed must be a list of 2 integers"),
+        (lambda s: s["shared"].__setitem__("ctr", [1, 2]), "shared.ctr must be a list of 4 32-bit integers"),
+        (
+            lambda s: s["worker"].__setitem__("seed", ["a", 0]),
+            "worker.seed must be a list of 2 32-bit integers",
+        ),
         (lambda s: s["worker"].__setitem__("generated", [True, 0, 0, 0]), "worker.generated"),
+        (lambda s: s["shared"].__setitem__("seed", [2**40, 0]), "shared.seed must be a list of 2 32-bit"),
+        (lambda s: s["shared"].__setitem__("ctr", [0, -2, 0, 0]), "shared.ctr must be a list of 4 32-bit"),
     ],
 )
 def test_invalid_states_are_refused(corrupt, match: str) -> None:  # type: ignore[no-untyped-def]

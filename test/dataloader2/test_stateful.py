@@ -3,6 +3,7 @@ yield, and a graph loaded with a state captured after k items yields exactly the
 
 from __future__ import annotations
 
+import pickle
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -205,3 +206,62 @@ def test_a_resumed_iterable_wrapper_reads_nothing_before_its_position() -> None:
     dp.load_state_dict({"position": 99_990})
     assert next(iter(dp)) == 99_990
     assert source.reads == [99_990], "a restore at k must not walk the k items before it"
+
+
+def middle_state(shape: str) -> tuple:
+    """A graph of ``shape`` halfway through epoch 1, and its captured states (unpickled)."""
+    dp = make_resumable(SHAPES[shape]())
+    reset_graph_state(graph_datapipes(dp))
+    set_graph_random_seed(dp, SeedGenerator(1))
+    it = iter(dp)
+    for _ in range(5):
+        next(it)
+    return dp, pickle.loads(capture_graph_state(graph_datapipes(dp)))
+
+
+def wrong_states(state: Any) -> List[Any]:
+    """States of the wrong shape for a DataPipe whose state is ``state``: not a dict, a field
+    missing, an unknown field, each field of another type or negative."""
+    wrong: List[Any] = [None, [], {**state, "unknown": 0}]
+    for name, value in state.items():
+        wrong.append({k: v for k, v in state.items() if k != name})
+        wrong.append({**state, name: object()})
+        if isinstance(value, int) and not isinstance(value, bool):
+            wrong.append({**state, name: -1})
+    return wrong
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_a_state_of_the_wrong_shape_is_refused_when_loaded_naming_the_datapipe(shape: str) -> None:
+    dp, states = middle_state(shape)
+    keys = [key for key in states if key != "__global_rng__"]
+    assert keys, "the graph has states to damage"
+    for key in keys:
+        for wrong in wrong_states(states[key]):
+            again = make_resumable(SHAPES[shape]())
+            reset_graph_state(graph_datapipes(again))
+            blob = pickle.dumps({**states, key: wrong})
+            with pytest.raises(StateRestoreError, match=rf"DataPipe {key} "):
+                load_graph_state(graph_datapipes(again), blob)
+
+
+def test_a_position_past_the_data_is_refused_when_loaded() -> None:
+    for shape, key, field in (
+        ("iterable_list", "0:ResumableIterableWrapper", "position"),
+        ("concat", "0:ResumableConcater", "index"),
+    ):
+        dp, states = middle_state(shape)
+        blob = pickle.dumps({**states, key: {**states[key], field: 10**6}})
+        with pytest.raises(StateRestoreError, match="past the end|does not exist"):
+            load_graph_state(graph_datapipes(make_resumable(SHAPES[shape]())), blob)
+
+
+def test_a_blob_that_is_not_a_graph_state_is_refused() -> None:
+    for blob in (
+        b"garbage",
+        pickle.dumps([1, 2]),
+        pickle.dumps({"0": {}}),
+        pickle.dumps({"__global_rng__": 1}),
+    ):
+        with pytest.raises(StateRestoreError, match="the worker's graph state cannot be loaded"):
+            load_graph_state(graph_datapipes(make_resumable(SHAPES["iterable_list"]())), blob)
