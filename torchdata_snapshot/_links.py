@@ -5,7 +5,8 @@ states are kept in its :class:`~torchdata_snapshot._worker_stream.WorkerStream`,
 are returned), sending a request, and asking every worker at once and collecting every answer.
 Every wait is bounded; an exchange that does not complete leaves the links ``broken`` (a message
 may be lost, so nothing is read any more) and the reading service shuts down. A worker found dead
-while the epoch streams is replaced when self-healing allows it (:mod:`torchdata_snapshot._healing`).
+during an epoch (from its reset on) is replaced when self-healing allows it
+(:mod:`torchdata_snapshot._healing`).
 See NOTE [ Snapshot protocol ] in :mod:`torchdata_snapshot._messages`.
 """
 
@@ -27,13 +28,11 @@ from torchdata_snapshot._healing import WorkerReplacer
 from torchdata_snapshot._messages import (
     ErrorResponse,
     GetNextRequest,
-    GetStateResponse,
-    LimitResponse,
-    PauseResponse,
     ReplayProgressResponse,
     Request,
+    ResetEpochRequest,
+    ResetEpochResponse,
     Response,
-    ResumeResponse,
     TerminateRequest,
     TerminateResponse,
 )
@@ -46,9 +45,6 @@ R = TypeVar("R", bound=Response)
 
 #: Returned by :meth:`WorkerLinks.read` when the worker was found dead and replaced: read again.
 REPLACED: Any = object()
-
-#: Answers to requests that only read or set state: a replaced worker is simply asked again.
-_RESENDABLE = (GetStateResponse, PauseResponse, ResumeResponse, LimitResponse)
 
 
 class WorkerLinks:
@@ -74,7 +70,8 @@ class WorkerLinks:
         # Set when an operation was interrupted between a request and its answer, or a message
         # was lost: the pipes can no longer be trusted, and nothing may be read from them.
         self.broken: Optional[str] = None
-        self.streaming = False  # credit was granted this epoch: a dead worker may be replaced
+        # The epoch's streams are set up (its reset has begun): a dead worker may be replaced.
+        self.in_epoch = False
         self.seed_generators: Sequence[Any] = ()
         self.iter_reset_fn: Optional[Callable] = None
 
@@ -124,26 +121,39 @@ class WorkerLinks:
         )
         return None
 
-    def send(self, stream: WorkerStream, request: Request, heal: bool) -> None:
-        """Send ``request``; a worker found dead is replaced first if ``heal`` allows it (a new
-        worker gets all outstanding credit, so credit is not sent again)."""
+    def send(self, stream: WorkerStream, request: Request, heal: bool) -> Optional[Response]:
+        """Send ``request``; a worker found dead is replaced first if ``heal`` allows it, and the
+        request redone (:meth:`_redo`). ``None``, or the answer when the replacement gave it."""
         try:
             stream.channel.send(request)
+            return None
         except WorkerDiedError as e:
             if not (heal and self._may_replace()):
                 self.broken = f"{type(e).__name__}: {e}"
                 raise
             self._replace(stream, e)
-            if not isinstance(request, GetNextRequest):
-                stream.channel.send(request)
+            return self._redo(stream, request)
+
+    def _redo(self, stream: WorkerStream, request: Request) -> Optional[Response]:
+        """``request`` to a worker just replaced, which was reset to the epoch, replayed to the
+        stream's position, paused if the workers are and given all outstanding credit: an epoch
+        reset is done (its answer is returned), credit is not sent again, anything else (a
+        replay, a snapshot, pause, resume, limit) is sent again."""
+        if isinstance(request, ResetEpochRequest):
+            return ResetEpochResponse(request.epoch)
+        if isinstance(request, GetNextRequest):
+            return None
+        return self.send(stream, request, heal=True)
 
     def await_answer(self, stream: WorkerStream, expected: Type[R], request: Request) -> Response:
         """Read ``stream`` up to its answer of type ``expected`` (or an ``ErrorResponse``). Items
         read on the way are kept: they precede the answer in the worker's stream."""
         while True:
             response = self.read(stream, timeout_s=self.control_timeout_s, what=expected.__name__)
-            if response is REPLACED:  # only while streaming, so only for requests that may be sent again
-                self.send(stream, request, heal=True)
+            if response is REPLACED:
+                answer = self._redo(stream, request)
+                if answer is not None:
+                    return answer
             elif response is None or isinstance(response, ReplayProgressResponse):
                 continue  # data on the way, or a long replay that is alive: wait on
             elif isinstance(response, (expected, ErrorResponse)):
@@ -165,14 +175,14 @@ class WorkerLinks:
         """
         with self.lock:
             self.check_open()
-            resendable = issubclass(expected, _RESENDABLE)
             try:
                 requests = [make_request(stream.worker_id) for stream in self.streams]
-                for stream, request in zip(self.streams, requests):
-                    self.send(stream, request, heal=resendable)
+                given = [
+                    self.send(stream, request, heal=True) for stream, request in zip(self.streams, requests)
+                ]
                 answers = [
-                    self.await_answer(stream, expected, request)
-                    for stream, request in zip(self.streams, requests)
+                    self.await_answer(stream, expected, request) if answer is None else answer
+                    for stream, request, answer in zip(self.streams, requests, given)
                 ]
             except BaseException as e:
                 if self.broken is None:
@@ -213,7 +223,7 @@ class WorkerLinks:
     # --- self-healing ---------------------------------------------------------------------------
 
     def _may_replace(self) -> bool:
-        return self.replacer is not None and self.streaming and not self.closed
+        return self.replacer is not None and self.in_epoch and not self.closed
 
     def _replace(self, stream: WorkerStream, death: WorkerDiedError) -> None:
         assert self.replacer is not None

@@ -369,3 +369,12 @@ def kept_per_worker(dl: Any) -> List[int]:
 def credit_window_of(dl: Any) -> int:
     """The credit kept outstanding per worker (items a worker may send ahead of the user)."""
     return int(dl.reading_service._runtime.consumer.window)
+
+
+def kill_once_at_reset(marker: str, datapipe: Any, worker_info: Any, seed_generator: Any) -> Any:
+    """A ``worker_reset_fn`` that SIGKILLs the worker resetting to an epoch if ``marker``
+    exists (and removes it: once only): a worker that dies in the middle of an epoch reset."""
+    if os.path.exists(marker):
+        os.unlink(marker)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return datapipe

@@ -11,7 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pipelines import double, kill_always_at, kill_once_at, pipeline, rs, take, worker_processes
+from pipelines import (
+    double,
+    kill_always_at,
+    kill_once_at,
+    kill_once_at_reset,
+    pipeline,
+    rs,
+    take,
+    worker_processes,
+)
+from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
 
 from torchdata_snapshot import WorkerDiedError
@@ -122,3 +132,55 @@ def test_a_worker_found_dead_when_granting_it_credit_is_replaced(make_dl: Any) -
     with pytest.warns(RuntimeWarning, match="restarting it"):
         got += list(it)
     assert got == reference
+
+
+def two_epochs(dl: Any) -> Any:
+    return [list(dl), list(dl)]
+
+
+def test_a_worker_dead_between_epochs_is_replaced_when_the_next_epoch_starts(make_dl: Any) -> None:
+    reference = two_epochs(make_dl(pipeline("global_rng", 100), rs(2)))
+    dl = make_dl(pipeline("global_rng", 100), rs(2, restart_dead_workers=1))
+    first = list(dl)
+    victim = worker_processes(dl)[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join(10)  # dead for sure: the epoch's reset cannot even be written
+    with pytest.warns(RuntimeWarning, match=RESTARTING):
+        second = list(dl)
+    assert [first, second] == reference
+
+
+def test_a_worker_dying_during_the_epoch_reset_is_replaced(make_dl: Any, tmp_path: Path) -> None:
+    marker = tmp_path / "kill"
+    reset_fn = partial(kill_once_at_reset, str(marker))
+    reference = two_epochs(make_dl(pipeline("global_rng", 100), rs(2, worker_reset_fn=reset_fn)))
+    dl = make_dl(pipeline("global_rng", 100), rs(2, worker_reset_fn=reset_fn, restart_dead_workers=1))
+    first = list(dl)
+    marker.touch()  # the next reset kills the first worker that reads it
+    with pytest.warns(RuntimeWarning, match=RESTARTING):
+        second = list(dl)
+    assert not marker.exists(), "a worker really died"
+    assert [first, second] == reference
+
+
+@pytest.mark.parametrize("stateful", [False, True], ids=["replay", "from-state"])
+def test_a_worker_dying_during_the_replay_of_a_restore_is_replaced(
+    make_dl: Any, tmp_path: Path, stateful: bool
+) -> None:
+    options = dict(stateful=stateful, state_interval=10)
+    # The 70th item is replayed by any restore after it (a graph state is strictly behind the
+    # user's position): the worker producing it dies there, once, when the marker exists.
+    k = list(make_dl(killing(tmp_path / "absent", 0), rs(2, **options)))[69] // 2  # (killing() doubles)
+    marker = tmp_path / "kill"
+    dl = make_dl(killing(marker, k), rs(2, **options))
+    it = iter(dl)
+    take(it, 70)
+    state, rest = dl.state_dict(), list(it)
+    marker.touch()
+    restored = DataLoader2.from_state(state, rs(2, restart_dead_workers=1, **options))
+    try:
+        with pytest.warns(RuntimeWarning, match=RESTARTING):
+            assert list(restored) == rest
+    finally:
+        restored.shutdown()
+    assert not marker.exists(), "a worker really died"
