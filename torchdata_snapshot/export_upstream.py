@@ -85,6 +85,7 @@ NOT_EXPORTED = {
     "test_suite_options.py": "the add-on's own test command",
     "test_leak_guard.py": "needs pytest's pytester plugin",
     "test_export_upstream.py": "this exporter",
+    "test_chaos.py": "the add-on's chaos script",
 }
 
 
