@@ -4,6 +4,7 @@ reads ``pytest_addoption`` only from the conftest files it loads at start-up: de
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 
 import pytest
@@ -44,3 +45,6 @@ def pytest_configure(config: pytest.Config) -> None:
         # An environment variable, read by test/dataloader2/pipelines.py when it is imported
         # (after this hook), so that fresh processes started by tests see it too.
         os.environ["TORCHDATA_SNAPSHOT_TEST_CONTEXT"] = context
+    if (context or "fork") == "forkserver":
+        # As docs/reliability.rst advises: workers start without importing torch again.
+        multiprocessing.set_forkserver_preload(["torch", "torchdata.datapipes", "torchdata_snapshot"])
