@@ -13,6 +13,7 @@ Checked against torch 2.13 and torchdata 0.7.1, 0.8.0 and 0.9.0.
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from torch.utils.data.datapipes.iter.combinatorics import ShufflerIterDataPipe
@@ -31,6 +32,7 @@ from torchdata.dataloader2.utils.dispatch import (
 )
 from torchdata.dataloader2.utils.worker import process_init_fn, process_reset_fn
 from torchdata.datapipes.iter import FlatMapper as FlatMapperIterDataPipe
+from torchdata.datapipes.iter import Prefetcher as PrefetcherIterDataPipe
 
 __all__ = [
     "DispatchPlaceholder",
@@ -47,6 +49,7 @@ __all__ = [
     "process_init_fn",
     "process_reset_fn",
     "load_seed_engine_states",
+    "prefetcher_in_progress",
     "samples_yielded",
     "seed_engine_states",
     "shuffler_settings",
@@ -138,6 +141,16 @@ def load_seed_engine_states(generator: SeedGenerator, states: Dict[str, Dict[str
         engine._ctr = list(fields["ctr"])
         engine._generated_seeds = None if fields["generated"] is None else list(fields["generated"])
         engine._spawn_seed = tuple(fields["spawn_seed"])
+
+
+def prefetcher_in_progress(dp: DataPipe) -> Optional[Tuple[Any, threading.Thread]]:
+    """``(prefetch_data, thread)`` of a torchdata ``Prefetcher`` (or ``PinMemory``) that is
+    iterating: ``prefetch_data`` has the flags ``run_prefetcher``, ``paused`` (set by the thread
+    once it stopped producing) and ``stop_iteration`` (set once its source ended). Else ``None``."""
+    if not isinstance(dp, PrefetcherIterDataPipe):
+        return None
+    data, thread = getattr(dp, "prefetch_data", None), getattr(dp, "thread", None)
+    return None if data is None or thread is None else (data, thread)
 
 
 get_file_pathnames_from_root = get_file_pathnames_from_root

@@ -50,6 +50,10 @@ REQUEST_CHECK_S = 0.002
 #: may take.
 CAPTURE_TIME_BUDGET = 0.01
 
+#: How often a pause rechecks an upstream ``Prefetcher``'s ``paused`` flag while its thread lives
+#: (the thread sets a flag and signals nothing else; upstream rechecks every 10 ms).
+PREFETCHER_PAUSE_CHECK_S = 0.001
+
 # --- the dispatching process ----------------------------------------------------------------
 
 #: Credit a worker grants the dispatcher: dispatched items it may hold unread.

@@ -9,7 +9,8 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 
 from torchdata.dataloader2.graph import DataPipe, list_dps, traverse_dps
 
-from torchdata_snapshot._compat import samples_yielded
+from torchdata_snapshot._compat import prefetcher_in_progress, samples_yielded
+from torchdata_snapshot._constants import PREFETCHER_PAUSE_CHECK_S
 from torchdata_snapshot._errors import StateCaptureError
 
 __all__ = [
@@ -43,11 +44,31 @@ def pausable(datapipes: Iterable[DataPipe]) -> List[DataPipe]:
     return [dp for dp in datapipes if callable(getattr(dp, "pause", None))]
 
 
+def pause_datapipe(dp: DataPipe) -> None:
+    """``dp.pause()``, except that pausing torchdata's ``Prefetcher`` cannot hang.
+
+    Upstream's ``Prefetcher.pause()`` waits until its thread reports that it stopped producing.
+    A thread whose source has just ended reports it once and then exits: after a ``resume()``
+    (which clears the report) within those last milliseconds, the next ``pause()`` waited forever
+    (upstream's own ``test_reading_service_limit`` with ``prefetch().prefetch()`` over 10 items
+    hit it). A thread that has ended, or whose source has ended, produces nothing more: it is
+    paused as well.
+    """
+    progress = prefetcher_in_progress(dp)
+    if progress is None:
+        dp.pause()
+        return
+    data, thread = progress
+    data.run_prefetcher = False
+    while not (data.paused or data.stop_iteration) and thread.is_alive():
+        thread.join(PREFETCHER_PAUSE_CHECK_S)
+
+
 @contextmanager
 def paused(datapipes: Sequence[DataPipe]) -> Iterator[None]:
     """Pause ``datapipes`` (see :func:`pausable`) around a block, resume them in reverse order."""
     for dp in datapipes:
-        dp.pause()
+        pause_datapipe(dp)
     try:
         yield
     finally:

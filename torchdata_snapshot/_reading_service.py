@@ -28,7 +28,7 @@ from torchdata_snapshot._errors import (
     ReadingServiceClosedError,
     ReadingServiceError,
 )
-from torchdata_snapshot._graph import graph_datapipes, pausable, paused
+from torchdata_snapshot._graph import graph_datapipes, pausable, pause_datapipe, paused
 from torchdata_snapshot._in_process import InProcess
 from torchdata_snapshot._options import (
     BatchingOptions,
@@ -342,7 +342,7 @@ class MultiProcessingReadingService(
         """Pause main-process DataPipes (prefetchers, ``fullsync``), then the workers."""
         self._check_open()
         for dp in pausable(self._main_datapipes):
-            dp.pause()
+            pause_datapipe(dp)
         assert self._runtime is not None
         self._runtime.pause(pause_fn)
         self._paused = True

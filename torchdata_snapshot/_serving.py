@@ -18,7 +18,7 @@ from torchdata.dataloader2.graph import DataPipe
 from torchdata_snapshot._channel import ParentGone
 from torchdata_snapshot._compat import ExceptionWrapper
 from torchdata_snapshot._errors import ProtocolError
-from torchdata_snapshot._graph import pausable
+from torchdata_snapshot._graph import pausable, pause_datapipe
 from torchdata_snapshot._messages import (
     ErrorResponse,
     LimitRequest,
@@ -82,7 +82,7 @@ class ServingLoop:
 
     def _on_pause(self, request: PauseRequest) -> None:
         for dp in pausable(self._datapipes()):
-            dp.pause()
+            pause_datapipe(dp)
         if request.pause_fn is not None:
             self.datapipe = request.pause_fn(self.datapipe)
         self.paused = True

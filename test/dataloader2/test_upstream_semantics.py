@@ -167,3 +167,62 @@ def test_shutting_down_after_a_few_items_is_clean(
         it = iter(dl)
         assert len(take(it, 10)) == 10
         dl.shutdown()
+
+
+def test_pausing_a_prefetcher_whose_source_just_ended_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Upstream's Prefetcher.pause() waits for its thread to report that it paused; a thread
+    whose source ended reports once, lingers (10 ms; 2 s here) and exits: a pause right after a
+    resume in that window waited forever. Ours returns."""
+    import threading
+    import time
+
+    import torchdata.datapipes.iter.util.prefetcher as prefetcher
+
+    from torchdata_snapshot._graph import pause_datapipe
+
+    monkeypatch.setattr(prefetcher, "PRODUCER_SLEEP_INTERVAL", 0.2)  # the thread lingers 2 s
+    dp = IterableWrapper(range(10)).prefetch()
+    it = iter(dp)
+    assert next(it) == 0
+    deadline = time.monotonic() + 10
+    while not dp.prefetch_data.stop_iteration and time.monotonic() < deadline:
+        dp.thread.join(0.001)  # the thread reads all 10 items into its buffer, then its source ends
+    assert dp.prefetch_data.stop_iteration and dp.thread.is_alive(), "in the window"
+    pause_datapipe(dp)
+    dp.resume()  # clears the thread's report; the thread will not report again
+    pausing = threading.Thread(target=pause_datapipe, args=(dp,), daemon=True)
+    pausing.start()
+    pausing.join(5)
+    assert not pausing.is_alive(), "the pause returned"
+    dp.resume()
+    assert list(it) == list(range(1, 10)), "and the data is all there"
+
+
+def linger_prefetcher_threads(datapipe: Any, worker_info: Any) -> Any:
+    """A ``worker_init_fn``: a Prefetcher thread whose source ended lingers 0.5 s, not 10 ms."""
+    import torchdata.datapipes.iter.util.prefetcher as prefetcher
+
+    prefetcher.PRODUCER_SLEEP_INTERVAL = 0.05
+    return datapipe
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_limit_pause_resume_rounds_over_stacked_prefetchers_in_the_workers(
+    make_dl: Any, num_workers: int
+) -> None:
+    """The second half of upstream's test_reading_service_limit: a few items per round over two
+    prefetchers whose source ends at once, so that pauses follow resumes while the prefetchers'
+    threads linger (made long here). Every pause is answered (a hang would time out)."""
+    dp = IterableWrapper(range(10)).shuffle().sharding_filter().prefetch().prefetch()
+    options = dict(worker_prefetch_cnt=0, main_prefetch_cnt=0, control_timeout_s=10)
+    dl = make_dl(dp, rs(num_workers, worker_init_fn=linger_prefetcher_threads, **options))
+    it = iter(dl)
+    it.limit(3)
+    got = list(it)
+    it.limit(4)
+    it.resume()
+    got += list(it)
+    it.resume()
+    it.limit(2)
+    got += list(it)
+    assert len(got) == 9
