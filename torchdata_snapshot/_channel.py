@@ -40,6 +40,7 @@ __all__ = [
     "ParentGone",
     "ParentWatch",
     "describe_exit",
+    "ignore_preemption_signal",
     "make_pipe_pair",
     "process_exit",
 ]
@@ -255,6 +256,17 @@ class Channel:
 
     def close(self) -> None:
         _close_quietly(self.request_conn, self.response_conn)
+
+
+def ignore_preemption_signal() -> None:
+    """In a child process: SIGTERM is ignored. A child lives exactly as long as the training
+    process needs it: it exits when asked, when the training process is gone (see
+    :class:`ParentWatch`), or is killed at shutdown. Preemption (SLURM's, a process group's)
+    sends SIGTERM to every process of the job, and the training process then finishes its step
+    and saves a checkpoint: a worker that died of the signal could fail that step instead. (With
+    ``fork`` a child inherited the training process's Python handler; with ``spawn`` and
+    ``forkserver`` it died.)"""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class ParentWatch:

@@ -126,6 +126,22 @@ def test_the_dispatching_process_killed(make_dl: Any) -> None:
     assert time.monotonic() - start < BOUND_S
 
 
+@pytest.mark.parametrize("shape", ["global_rng", "dispatch"])
+def test_sigterm_to_every_process_leaves_the_workers_running(make_dl: Any, shape: str) -> None:
+    """Preemption (SLURM's) sends SIGTERM to every process of the job; the training process
+    finishes its step and checkpoints, which needs its workers: they ignore SIGTERM."""
+    reference = list(make_dl(pipeline(shape, 200), rs(2)))
+    dl = make_dl(pipeline(shape, 200), rs(2))
+    it = iter(dl)
+    got = take(it, 20)
+    pids = [s.pid for s in dl.reading_service.snapshot()]
+    assert len(pids) == (3 if shape == "dispatch" else 2)
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    assert [s.pid for s in dl.reading_service.snapshot()] == pids, "every process answers"
+    assert got + list(it) == reference
+
+
 _ORPHAN_SCRIPT = """
 import os, signal, sys, warnings
 warnings.filterwarnings("ignore")
