@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import pickle
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -43,3 +48,56 @@ def test_the_design_diagrams_are_up_to_date() -> None:
         timeout=60,
     )
     assert done.returncode == 0, done.stdout
+
+
+def training_process(workdir: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "preemption.py"), "train", "--workdir", str(workdir)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a job step
+    )
+
+
+@pytest.mark.parametrize(
+    "target, at_step",
+    [("training process", 30), ("process group", 100)],  # mid-epoch; about the first epoch's end
+)
+def test_preemption_saves_at_the_end_of_the_step_and_resumes_exactly(
+    tmp_path: Path, target: str, at_step: int
+) -> None:
+    run_example("preemption.py", "reference", "--workdir", str(tmp_path))
+    with training_process(tmp_path) as process:
+        try:
+            assert process.stdout is not None
+            lines = []
+            for line in process.stdout:
+                lines.append(line.strip())
+                if line == f"step {at_step}\n":
+                    if target == "process group":  # SLURM: every process of the job, workers too
+                        os.killpg(process.pid, signal.SIGTERM)
+                    else:  # Kubernetes: the container's main process
+                        process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=60) == 0, lines[-5:]
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    saved_at = int(lines[-1].removeprefix("preempted: saved at step ").removesuffix(", exiting"))
+    # (The process runs ahead of what this test has read: the signal lands at a later step.)
+    assert saved_at >= at_step and lines[-2] == f"step {saved_at}", (
+        "the step in progress finishes, then it saves"
+    )
+    assert not (tmp_path / "done.pkl").exists()
+
+    with training_process(tmp_path) as resumed:
+        out, _ = resumed.communicate(timeout=180)
+    assert resumed.returncode == 0
+    assert out.split()[1] == str(saved_at + 1), "the resumed job continues at the next step"
+    seen, weight = pickle.loads((tmp_path / "done.pkl").read_bytes())
+    expected, expected_weight = pickle.loads((tmp_path / "reference.pkl").read_bytes())
+    assert seen == expected and weight == expected_weight
+
+
+def test_preemption_demo() -> None:
+    out = run_example("preemption.py", "--group", "--preempt-at", "40")
+    assert "identical to the run that was never preempted" in out
