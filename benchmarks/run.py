@@ -43,8 +43,8 @@ from torchdata_snapshot import MultiProcessingReadingService  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
+def rss_bytes(pid: object = "self") -> int:
+    with open(f"/proc/{pid}/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -168,27 +168,43 @@ def run_restore(args: argparse.Namespace, loads: Dict[str, Workload]) -> List[Di
 
 
 def run_memory(args: argparse.Namespace, loads: Dict[str, Workload]) -> Dict:
-    count = 100 if args.smoke else 2_000 if args.quick else 10_000
+    """RSS of the main process and of every worker across ``calls`` ``state_dict()`` calls (one per
+    item) and ``calls / 10`` full ``snapshot()`` calls, after as many to warm up (a worker's RSS
+    grows over its first ~10^5 items as the allocator settles, then stays flat)."""
+    calls = 1_000 if args.smoke else 20_000 if args.quick else 100_000
+
+    def run(count: int) -> None:
+        for i in range(count):
+            next(it)
+            dl.state_dict()
+            if i % 10 == 0:
+                dl.reading_service.snapshot()
+
     dl = DataLoader2(loads["tiny"].build(10**7), reading_service=MultiProcessingReadingService(num_workers=4))
     try:
         it = iter(dl)
-        for _ in range(100 if args.smoke else 1_000):  # warm up: buffers, caches
-            next(it)
-            dl.reading_service.snapshot()
-            dl.state_dict()
+        run(calls)
+        pids = [s.pid for s in dl.reading_service.snapshot()]
         gc.collect()
-        before = rss_bytes()
-        for _ in range(count):
-            next(it)
-            dl.reading_service.snapshot()
-            dl.state_dict()
+        before = [rss_bytes(), *map(rss_bytes, pids)]
+        run(calls)
         gc.collect()
-        after = rss_bytes()
+        after = [rss_bytes(), *map(rss_bytes, pids)]
     finally:
         dl.shutdown()
-    result = {"snapshots": count, "rss_before_mb": before / 2**20, "rss_after_mb": after / 2**20}
+    mb = [[value / 2**20 for value in values] for values in (before, after)]
+    result = {
+        "state_dict_calls": calls,
+        "snapshots": calls // 10,
+        "rss_before_mb": mb[0][0],
+        "rss_after_mb": mb[1][0],
+        "worker_rss_before_mb": mb[0][1:],
+        "worker_rss_after_mb": mb[1][1:],
+    }
+    growth = max(a - b for a, b in zip(mb[1][1:], mb[0][1:]))
     print(
-        f"  memory: {count} snapshot()+state_dict(): RSS {before / 2**20:.1f} -> {after / 2**20:.1f} MB",
+        f"  memory: {calls} state_dict(), {calls // 10} snapshot(): main RSS {mb[0][0]:.1f} -> "
+        f"{mb[1][0]:.1f} MB, workers grew {growth:+.1f} MB at most",
         flush=True,
     )
     return result
@@ -224,10 +240,14 @@ def markdown(results: Dict) -> str:
             f"| {row['strategy']} | {row['k']:,} | {row['median_s']:.3f} s | {row['state_bytes']:,} B |"
         )
     mem = results["memory"]
+    workers = zip(mem["worker_rss_before_mb"], mem["worker_rss_after_mb"])
     lines += [
         "",
-        f"Memory: {mem['snapshots']:,} `snapshot()` + `state_dict()` calls: main-process RSS "
-        f"{mem['rss_before_mb']:.1f} MB -> {mem['rss_after_mb']:.1f} MB.",
+        f"Memory over {mem['state_dict_calls']:,} `state_dict()` and {mem['snapshots']:,} `snapshot()` "
+        f"calls (4 workers, after as many to warm up): main-process RSS {mem['rss_before_mb']:.1f} MB "
+        f"-> {mem['rss_after_mb']:.1f} MB; workers "
+        + ", ".join(f"{b:.1f} -> {a:.1f} MB" for b, a in workers)
+        + ".",
     ]
     return "\n".join(lines) + "\n"
 

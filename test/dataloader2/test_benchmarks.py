@@ -24,3 +24,7 @@ def test_benchmark_smoke_run_writes_table_and_json(tmp_path: Path) -> None:
     assert row["ratios"]["dataloader"] > 0
     table = (tmp_path / "latest.md").read_text()
     assert "| tiny | 2 |" in table and "ours.state_dict.tiny" in table
+    memory = results["memory"]
+    assert memory["state_dict_calls"] == 10 * memory["snapshots"] > 0
+    assert len(memory["worker_rss_before_mb"]) == len(memory["worker_rss_after_mb"]) == 4
+    assert "`snapshot()` calls (4 workers" in table
