@@ -378,3 +378,10 @@ def kill_once_at_reset(marker: str, datapipe: Any, worker_info: Any, seed_genera
         os.unlink(marker)
         os.kill(os.getpid(), signal.SIGKILL)
     return datapipe
+
+
+def megabyte(x: int) -> Any:
+    """A 1 MB tensor: it travels through shared memory."""
+    import torch
+
+    return torch.full((262144,), float(x))

@@ -23,6 +23,7 @@ from pipelines import (
     UnpicklableState,
     double,
     kill_once_at,
+    megabyte,
     pipeline,
     rs,
     take,
@@ -277,16 +278,21 @@ def processes_left() -> List[Any]:
 
 
 def test_shutdown_releases_everything_at_once_over_many_loaders() -> None:
-    """Pipes, process handles, threads: back to where they were after every shutdown, although
+    """Pipes, process handles, threads, shared memory: back to where they were after every shutdown, although
     every loader stays referenced (a job keeping one loader per validation run)."""
     import gc
 
     gc.collect()
     fds, threads = open_fds(), threading.active_count()
     kept = []
-    shapes = ["shuffle_before_sharding", "dispatch", "stateful_source", "non_replicable_tail"]
+    shapes = ["shuffle_before_sharding", "dispatch", "stateful_source", "non_replicable_tail", "tensors"]
     for cycle in range(50):
-        dl = DataLoader2(pipeline(shapes[cycle % 4], 60), reading_service=rs(2, restart_dead_workers=0))
+        shape = shapes[cycle % len(shapes)]
+        if shape == "tensors":  # shared memory: its file descriptors must be released too
+            dp = IterableWrapper(range(60)).sharding_filter().map(megabyte)
+        else:
+            dp = pipeline(shape, 60)
+        dl = DataLoader2(dp, reading_service=rs(2, restart_dead_workers=0))
         it = iter(dl)
         take(it, 5)
         dl.state_dict()
