@@ -2,11 +2,17 @@
 
 A capture costs time (a large shuffle buffer takes a while to copy and pickle) and a restore
 replays what came after the latest capture before the user's position. The pacer spends at most
-``CAPTURE_TIME_BUDGET`` of the worker's production time on captures and captures at most every
-``state_interval`` items: a graph with a cheap state is captured often (restores replay little),
-one holding a large buffer less often (it costs little while streaming). Time spent waiting for
-credit does not count as production: a worker ahead of a slow training step would otherwise
-capture after every item, and every message would carry a state.
+``CAPTURE_TIME_BUDGET`` (1%) of the worker's production time on captures, so the items between
+two captures take about 100 times a capture's cost to produce: that bounds the replay of a
+restore *in time*, at every position, whatever an item costs. The first capture follows the
+first item (its cost is unknown before); later ones are at most ``state_interval`` items apart.
+
+A graph with a cheap state is captured often (restores replay little), one holding a large
+buffer less often (it costs little while streaming). Time spent waiting for credit does not
+count as production: a worker ahead of a slow training step would otherwise capture after every
+item, and every message would carry a state. A capture's cost is the CPU time of the capturing
+thread: waiting for the GIL (held by the outbox thread as it writes) is not part of it, and
+counting it made captures ten times rarer on a busy machine.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ class CapturePacer:
         self.start_epoch()
 
     def start_epoch(self) -> None:
-        self.next_capture = self.state_interval  # the produced count at which to capture next
+        self.next_capture = 1  # the produced count at which to capture next
         self._busy_s = 0.0  # production time this epoch, waits for credit excluded
         self._producing_since = 0.0
         self._last: Tuple[float, int] = (0.0, 0)  # (busy seconds, produced) at the last capture
@@ -42,11 +48,13 @@ class CapturePacer:
         return produced >= self.next_capture
 
     def captured(self, produced: int, capture_s: float) -> None:
-        """A capture that took ``capture_s`` was taken after item ``produced``: schedule the next."""
+        """A capture that took ``capture_s`` (CPU time) was taken after item ``produced``:
+        schedule the next."""
         busy_s = self._busy_s + (self.clock() - self._producing_since)
-        per_item_s = (busy_s - self._last[0]) / max(1, produced - self._last[1])
+        # (The capture ran within this stretch of production: it is not the items' cost.)
+        per_item_s = max(0.0, busy_s - self._last[0] - capture_s) / max(1, produced - self._last[1])
         wanted = capture_s / (CAPTURE_TIME_BUDGET * max(per_item_s, 1e-9))
-        self.next_capture = produced + max(1, min(self.state_interval, int(wanted) + 1))
+        self.next_capture = produced + max(1, min(self.state_interval, round(wanted)))
         self._last = (busy_s, produced)
 
     def replayed(self, produced: int) -> None:

@@ -58,10 +58,11 @@ class RestoreOptions:
             checkpoint recorded at the user's position; raise
             :class:`~torchdata_snapshot.ReplayDivergenceError` if they do not.
         state_interval: stateful restore: when every DataPipe of a worker's graph can report and
-            load its state (see the docs' contract page), the worker captures it at least every
-            ``state_interval`` items (more often when capturing takes under 1% of its time) and
-            a restore loads the latest one instead of replaying the epoch, so its cost does not
-            grow with the position. ``0`` turns capturing off.
+            load its state (see the docs' contract page), the worker captures it after its
+            first item and then as often as 1% of its production time allows, at most
+            ``state_interval`` items apart; a restore loads the latest one instead of replaying
+            the epoch, so what it replays takes about 100 captures' time at any position.
+            ``0`` turns capturing off.
         stateful: ``None`` restores from states where the graph allows it and replays elsewhere;
             ``False`` always replays; ``True`` requires it (a graph that cannot is an error at
             the first ``iter()``; so is ``sharding_round_robin_dispatch``).

@@ -385,3 +385,11 @@ def megabyte(x: int) -> Any:
     import torch
 
     return torch.full((262144,), float(x))
+
+
+def millisecond(x: int) -> int:
+    """An item that takes 1 ms to produce (I/O-like: the time is spent waiting)."""
+    import time
+
+    time.sleep(0.001)
+    return x

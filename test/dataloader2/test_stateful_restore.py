@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from pipelines import CountingStateful, double, pipeline, rs, take
+from pipelines import CountingStateful, double, millisecond, pipeline, rs, take
 from torchdata.dataloader2 import DataLoader2
 
 from torchdata_snapshot import StateCaptureError, StateRestoreError
@@ -45,6 +45,38 @@ def test_a_restore_far_into_the_epoch_recomputes_only_a_bounded_stretch(make_dl:
         # Each worker's source had produced ~2 * 2 * 7_500 = 30_000 items by the checkpoint.
         assert len(pulled) == 2 and max(pulled) < 2_000, f"recomputed {pulled} source items"
         assert [next(it2) for _ in range(100)] == reference[k + 1 : k + 101]
+    finally:
+        again.shutdown()
+
+
+def test_a_restore_early_in_the_epoch_recomputes_only_a_bounded_stretch(make_dl: Any) -> None:
+    """Captures start after the first item and are paced by time, not by ``state_interval``
+    (1,024 items, far beyond this position): 1 ms items are captured every few items."""
+    n, k = 1_000, 200
+
+    def build() -> Any:
+        return CountingStateful(n).sharding_filter().map(millisecond)
+
+    reference = list(make_dl(build(), rs(2)))
+    dl = make_dl(build(), rs(2))
+    it = iter(dl)
+    take(it, k)
+    state = dl.state_dict()
+    positions = [w["state"]["position"] for w in state["reading_service_state"]["workers"]]
+    assert min(positions) >= k // 2 - 20, f"states captured at {positions}, the workers at {k // 2}"
+    again = restore(state)
+    try:
+        it2 = iter(again)
+        assert next(it2) == reference[k]
+        pulled = [
+            s.datapipe_states[key]["pulled"]
+            for s in again.reading_service.snapshot()
+            for key in s.datapipe_states
+            if "CountingStateful" in key
+        ]
+        # Each worker's source had produced ~2 * 100 items by the checkpoint.
+        assert len(pulled) == 2 and max(pulled) < 60, f"recomputed {pulled} source items"
+        assert list(it2) == reference[k + 1 :]
     finally:
         again.shutdown()
 
