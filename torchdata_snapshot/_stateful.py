@@ -77,7 +77,15 @@ from torchdata_snapshot._compat import (
 )
 from torchdata_snapshot._errors import StateCaptureError, StateRestoreError
 from torchdata_snapshot._graph import datapipe_state_dicts, describe_datapipe, graph_datapipes
-from torchdata_snapshot._rng import check_global_rng_state, global_rng_state, set_global_rng_state
+from torchdata_snapshot._rng import (
+    check_global_rng_state,
+    global_rng_state,
+    pack_global_rng_state,
+    pack_python_state,
+    set_global_rng_state,
+    unpack_global_rng_state,
+    unpack_python_state,
+)
 
 __all__ = [
     "ADAPTERS",
@@ -177,7 +185,7 @@ class ResumableShuffler(Resumable):
     STATE = {"enabled": bool, "buffer": list, "rng": tuple}
 
     def _check_state(self, state: Dict[str, Any]) -> Dict[str, Any]:
-        random.Random().setstate(state["rng"])  # raises for a state that is not one
+        random.Random().setstate(unpack_python_state(state["rng"]))  # raises for a state that is not one
         return state
 
     def __init__(self, datapipe: IterDataPipe, buffer_size: int, enabled: bool, seed: Optional[int]) -> None:
@@ -209,7 +217,7 @@ class ResumableShuffler(Resumable):
         if state is not None:
             self._enabled = state["enabled"]
             self._buffer = list(state["buffer"])
-            self._rng.setstate(state["rng"])
+            self._rng.setstate(unpack_python_state(state["rng"]))
         if not self._enabled:
             yield from self.datapipe
             return
@@ -225,7 +233,11 @@ class ResumableShuffler(Resumable):
             yield self._buffer.pop(idx)
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"enabled": self._enabled, "buffer": list(self._buffer), "rng": self._rng.getstate()}
+        return {
+            "enabled": self._enabled,
+            "buffer": list(self._buffer),
+            "rng": pack_python_state(self._rng.getstate()),
+        }
 
     def __len__(self) -> int:
         return len(self.datapipe)
@@ -565,7 +577,7 @@ def capture_graph_state(graph: List[Tuple[str, DataPipe]]) -> bytes:
 
     Raises :class:`StateCaptureError` naming the DataPipe whose state fails or does not pickle.
     """
-    states: Dict[str, Any] = {_RNG_KEY: global_rng_state()}
+    states: Dict[str, Any] = {_RNG_KEY: pack_global_rng_state(global_rng_state())}
     for key, dp in graph:
         if not _started_since_forgotten(dp):
             continue  # not started in this epoch (or pass): it will start afresh after a restore too
@@ -596,7 +608,8 @@ def load_graph_state(graph: List[Tuple[str, DataPipe]], blob: bytes) -> None:
         states = pickle.loads(blob)
         if not isinstance(states, dict) or _RNG_KEY not in states:
             raise ValueError(f"it unpickles to {type(states).__name__}, not the state of a graph")
-        check_global_rng_state(states[_RNG_KEY])
+        rng_state = unpack_global_rng_state(states[_RNG_KEY])
+        check_global_rng_state(rng_state)
     except Exception as e:
         raise StateRestoreError(f"the worker's graph state cannot be loaded: {type(e).__name__}: {e}") from e
     for key, dp in graph:
@@ -611,7 +624,7 @@ def load_graph_state(graph: List[Tuple[str, DataPipe]], blob: bytes) -> None:
         except Exception as e:
             what = f"load_state_dict() of DataPipe {key} ({describe_datapipe(dp)})"
             raise StateRestoreError(f"{what} raised {type(e).__name__}: {e}") from e
-    set_global_rng_state(states[_RNG_KEY])
+    set_global_rng_state(rng_state)
 
 
 def forget_loaded_states(datapipes: Iterable[DataPipe]) -> None:

@@ -265,3 +265,30 @@ def test_a_blob_that_is_not_a_graph_state_is_refused() -> None:
     ):
         with pytest.raises(StateRestoreError, match="the worker's graph state cannot be loaded"):
             load_graph_state(graph_datapipes(make_resumable(SHAPES["iterable_list"]())), blob)
+
+
+def test_rng_states_are_packed_and_a_blob_of_the_previous_layout_still_loads() -> None:
+    """Captures store the Mersenne Twister words and torch's state as bytes (they pickle ten
+    times faster); blobs written before, with tuples of ints and a tensor, load the same."""
+    from torchdata_snapshot._rng import unpack_global_rng_state, unpack_python_state
+
+    dp = make_resumable(SHAPES["global_rng"]())
+    reset_graph_state(graph_datapipes(dp))
+    set_graph_random_seed(dp, SeedGenerator(1))
+    it = iter(dp)
+    for _ in range(5):
+        next(it)
+    states = pickle.loads(capture_graph_state(graph_datapipes(dp)))
+    rest = list(it)
+    python_state, torch_state, _ = states["__global_rng__"]
+    assert isinstance(python_state[1], bytes) and isinstance(torch_state, bytes)
+    shuffler = next(key for key in states if "Shuffler" in key)
+    assert isinstance(states[shuffler]["rng"][1], bytes)
+    old = {**states, "__global_rng__": unpack_global_rng_state(states["__global_rng__"])}
+    old[shuffler] = {**states[shuffler], "rng": unpack_python_state(states[shuffler]["rng"])}
+    assert isinstance(old["__global_rng__"][1], torch.Tensor) and len(old[shuffler]["rng"][1]) == 625
+    for blob in (pickle.dumps(states), pickle.dumps(old)):
+        again = make_resumable(SHAPES["global_rng"]())
+        reset_graph_state(graph_datapipes(again))
+        load_graph_state(graph_datapipes(again), blob)
+        assert list(again) == rest
