@@ -2,7 +2,8 @@
 
 Every peer prefetches with its defaults scaled the same way: DataLoader2 with 10 items per
 worker and 10 in the main process; ``DataLoader``/``StatefulDataLoader`` with
-``prefetch_factor=10`` (items per worker). Workers are started before timing starts.
+``prefetch_factor=10`` (items per worker). Workers are started before timing starts. ``in_process``
+(upstream's ``InProcessReadingService``, whatever the worker count) is the ceiling.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
 from torch.utils.data import DataLoader
-from torchdata.dataloader2 import DataLoader2
+from torchdata.dataloader2 import DataLoader2, InProcessReadingService
 from torchdata.dataloader2 import MultiProcessingReadingService as UpstreamMPRS
 
 from torchdata_snapshot import MultiProcessingReadingService
@@ -35,6 +36,14 @@ def _dl2(rs_class: Any) -> Callable[[Any, int], Any]:
         return dl
 
     return make
+
+
+def _in_process(datapipe: Any, num_workers: int) -> Any:
+    """The ceiling: the pipeline in the training process, no worker, no isolation (upstream's
+    InProcessReadingService). On 2 cores a sharded pipeline can at best reach about this."""
+    dl = DataLoader2(datapipe, reading_service=InProcessReadingService())
+    dl.seed(0)
+    return dl
 
 
 def _torch_loader(cls: Any) -> Callable[[Any, int], Any]:
@@ -65,6 +74,7 @@ def peers() -> Dict[str, Peer]:
         "upstream_mprs": Peer("upstream_mprs", _dl2(UpstreamMPRS), _shutdown_dl2),
         "ours": Peer("ours", _dl2(MultiProcessingReadingService), _shutdown_dl2, lambda dl: dl.state_dict()),
         "dataloader": Peer("dataloader", _torch_loader(DataLoader), _drop_torch_loader),
+        "in_process": Peer("in_process", _in_process, _shutdown_dl2),
     }
     try:
         from torchdata.stateful_dataloader import StatefulDataLoader

@@ -1,13 +1,14 @@
 """Benchmarks: our MultiProcessingReadingService against its peers, side by side, in one run.
 
-    python benchmarks/run.py [--quick] [--repeats 5] [--workers 1 2 4] [--out benchmarks/results]
+    python benchmarks/run.py [--quick] [--repeats 5] [--workers 0 1 2 4] [--out benchmarks/results]
                              [--update-readme]
 
 For each workload (tiny items, CPU-heavy items, large tensors) and worker count, every peer
-(upstream MPRS, ours, torch.utils.data.DataLoader, torchdata's StatefulDataLoader) runs the same
-pipeline, in alternation, ``--repeats`` times; the report gives median items/s and the ratios
-ours / peer. Then: ``state_dict()`` and ``snapshot()`` latency while prefetching, restore time
-against the position ``k``, and memory across many snapshots. Results go to ``latest.json``,
+(upstream MPRS, ours, torch.utils.data.DataLoader, torchdata's StatefulDataLoader, and the
+in-process ceiling) runs the same pipeline, in alternation, ``--repeats`` times; the report gives
+median items/s and the ratios ours / peer. Then: ``state_dict()`` and ``snapshot()`` latency
+while prefetching, restore time against the position ``k`` (relative to ``k = 0``), and memory
+across many snapshots. Results go to ``latest.json``,
 ``latest.md`` and (with matplotlib) ``latest.png`` in ``--out``.
 
 These machines are shared and noisy: read medians, never single runs.
@@ -26,7 +27,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 warnings.filterwarnings("ignore")
 
@@ -36,7 +37,7 @@ import torch  # noqa: E402
 import torchdata  # noqa: E402
 from peers import Peer, peers  # noqa: E402
 from torchdata.dataloader2 import DataLoader2  # noqa: E402
-from workloads import Workload, calibrate_burn, workloads  # noqa: E402
+from workloads import Workload, calibrate_burn, restore_workloads, workloads  # noqa: E402
 
 from torchdata_snapshot import MultiProcessingReadingService  # noqa: E402
 
@@ -132,36 +133,55 @@ def run_latency(args: argparse.Namespace, loads: Dict[str, Workload], all_peers:
     return out
 
 
-def run_restore(args: argparse.Namespace, loads: Dict[str, Workload]) -> List[Dict]:
-    """Time from DataLoader2.from_state() to the first item against the position k (2 workers,
-    tiny items), restoring from captured states and by replay; also the checkpoint's size."""
+def restore_time(build: Callable[[int], Any], k: int, source_items: int, options: Dict) -> Tuple[float, int]:
+    """Seconds from ``DataLoader2.from_state()`` to the first item after position ``k`` (2 workers),
+    and the size of the reading-service state."""
+    dl = DataLoader2(build(source_items), reading_service=MultiProcessingReadingService(2, **options))
+    dl.seed(0)
+    it = iter(dl)
+    for _ in range(k):
+        next(it)
+    state = dl.state_dict()
+    size = len(pickle.dumps(state["reading_service_state"]))
+    dl.shutdown()
+    start = time.perf_counter()
+    again = DataLoader2.from_state(state, MultiProcessingReadingService(2, **options))
+    next(iter(again))
+    elapsed = time.perf_counter() - start
+    again.shutdown()
+    return elapsed, size
+
+
+def run_restore(args: argparse.Namespace, burn_loops: int) -> List[Dict]:
+    """Restore time against the position ``k``, relative to restoring at ``k = 0``: from
+    captured states for several pipelines (early positions, slow items, a large shuffle buffer),
+    and by replay for tiny items (which grows with ``k``)."""
+    cases: List[Tuple[str, str, Callable[[int], Any], int, Sequence[int], Dict]] = []
+    for w in restore_workloads(burn_loops).values():
+        ks = (0, 100) if args.smoke else w.quick_ks if args.quick else w.ks
+        cases.append((w.name, "stateful", w.build, w.items_per_k, ks, {}))
+    tiny = workloads(1)["tiny"]
+    replay_ks = (
+        (0, 100) if args.smoke else (0, 10**3, 10**5) if args.quick else (0, 10**3, 10**4, 10**5, 10**6)
+    )
+    cases.append(("tiny", "replay", tiny.build, 1, replay_ks, {"stateful": False}))
+    repeats = 1 if args.smoke else 3 if args.quick else args.repeats
     rows = []
-    ks = [10**2] if args.smoke else [10**3, 10**4, 10**5] if args.quick else [10**3, 10**4, 10**5, 10**6]
-    for strategy, options in (("stateful", {}), ("replay", {"stateful": False})):
+    for name, strategy, build, per_k, ks, options in cases:
+        base = None
         for k in ks:
+            source_items = 2 * k * per_k + 20_000  # beyond k, whatever the sharding and buffers
             samples, size = [], 0
-            for _ in range(1 if args.smoke else 3 if args.quick else args.repeats):
-                dl = DataLoader2(
-                    loads["tiny"].build(2 * k), reading_service=MultiProcessingReadingService(2, **options)
-                )
-                dl.seed(0)
-                it = iter(dl)
-                for _ in range(k):
-                    next(it)
-                state = dl.state_dict()
-                size = len(pickle.dumps(state["reading_service_state"]))
-                dl.shutdown()
-                start = time.perf_counter()
-                again = DataLoader2.from_state(state, MultiProcessingReadingService(2, **options))
-                next(iter(again))
-                samples.append(time.perf_counter() - start)
-                again.shutdown()
+            for _ in range(repeats):
+                elapsed, size = restore_time(build, k, source_items, options)
+                samples.append(elapsed)
             median = statistics.median(samples)
-            rows.append(
-                {"k": k, "strategy": strategy, "median_s": median, "samples": samples, "state_bytes": size}
-            )
+            base = median if base is None else base
+            rows.append({"workload": name, "strategy": strategy, "k": k, "median_s": median,
+                         "ratio_to_k0": median / base, "samples": samples, "state_bytes": size})  # fmt: skip
             print(
-                f"  restore {strategy:8s} k={k:>9,}: {median:.3f} s, reading-service state {size:,} bytes",
+                f"  restore {name:12s} {strategy:8s} k={k:>9,}: {median * 1000:7.1f} ms "
+                f"({median / base:.2f}x k=0), reading-service state {size:,} bytes",
                 flush=True,
             )
     return rows
@@ -216,28 +236,31 @@ def markdown(results: Dict) -> str:
         f"torchdata {results['torchdata']}); medians of {results['repeats']} runs.",
         "",
         "| workload | workers | ours items/s | upstream MPRS | DataLoader | StatefulDataLoader "
-        "| ours/upstream | ours/DataLoader | ours/StatefulDataLoader |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| in-process (ceiling) | ours/upstream | ours/DataLoader | ours/StatefulDataLoader "
+        "| ours/ceiling |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    nan = float("nan")
     for row in results["throughput"]:
         m, r = row["median_items_per_s"], row["ratios"]
         lines.append(
             f"| {row['workload']} | {row['num_workers']} | {m['ours']:,.0f} | {m['upstream_mprs']:,.0f} "
-            f"| {m['dataloader']:,.0f} | {m.get('stateful_dataloader', float('nan')):,.0f} "
-            f"| {r['upstream_mprs']:.1f}x | {r['dataloader']:.2f}x "
-            f"| {r.get('stateful_dataloader', float('nan')):.2f}x |"
+            f"| {m['dataloader']:,.0f} | {m.get('stateful_dataloader', nan):,.0f} "
+            f"| {m.get('in_process', nan):,.0f} | {r['upstream_mprs']:.1f}x | {r['dataloader']:.2f}x "
+            f"| {r.get('stateful_dataloader', nan):.2f}x | {r.get('in_process', nan):.2f}x |"
         )
     lines += ["", "| latency (4 workers, prefetching) | p50 | p99 |", "|---|---:|---:|"]
     for key, value in results["latency"].items():
         lines.append(f"| {key} | {value['p50_ms']:.3f} ms | {value['p99_ms']:.3f} ms |")
     lines += [
         "",
-        "| restore (2 workers, tiny items) | k | from_state to first item | reading-service state |",
-        "|---|---:|---:|---:|",
+        "| restore (2 workers) | strategy | k | from_state to first item | vs k=0 | reading-service state |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for row in results["restore"]:
         lines.append(
-            f"| {row['strategy']} | {row['k']:,} | {row['median_s']:.3f} s | {row['state_bytes']:,} B |"
+            f"| {row['workload']} | {row['strategy']} | {row['k']:,} | {row['median_s'] * 1000:.1f} ms "
+            f"| {row['ratio_to_k0']:.2f}x | {row['state_bytes']:,} B |"
         )
     mem = results["memory"]
     workers = zip(mem["worker_rss_before_mb"], mem["worker_rss_after_mb"])
@@ -260,17 +283,17 @@ def plot(results: Dict, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    names = ["ours", "upstream_mprs", "dataloader", "stateful_dataloader"]
+    names = ["ours", "upstream_mprs", "dataloader", "stateful_dataloader", "in_process"]
     loads = sorted({row["workload"] for row in results["throughput"]})
     fig, axes = plt.subplots(1, len(loads), figsize=(5 * len(loads), 4))
     for ax, load in zip(axes if len(loads) > 1 else [axes], loads):
         rows = [row for row in results["throughput"] if row["workload"] == load]
-        width = 0.2
+        width = 0.16
         for i, name in enumerate(names):
             xs = [j + i * width for j in range(len(rows))]
             ys = [row["median_items_per_s"].get(name, 0) for row in rows]
             ax.bar(xs, ys, width, label=name)
-        ax.set_xticks([j + 1.5 * width for j in range(len(rows))])
+        ax.set_xticks([j + 2 * width for j in range(len(rows))])
         ax.set_xticklabels([f"{row['num_workers']} workers" for row in rows])
         ax.set_yscale("log")
         ax.set_title(load)
@@ -297,7 +320,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer items and repeats")
     parser.add_argument("--smoke", action="store_true", help="seconds-long run that only checks the plumbing")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2, 4])
     parser.add_argument("--workloads", nargs="+", default=["tiny", "cpu_heavy", "large_tensors"])
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--update-readme", action="store_true", help="write the table into README.md")
@@ -307,7 +330,8 @@ def main() -> None:
         args.repeats, args.workers, args.workloads = 1, [2], ["tiny"]
     if args.quick:
         args.repeats = min(args.repeats, 2)
-    loads = {name: w for name, w in workloads(calibrate_burn()).items() if name in args.workloads}
+    burn_loops = calibrate_burn()
+    loads = {name: w for name, w in workloads(burn_loops).items() if name in args.workloads}
     if args.quick:
         scale = 100 if args.smoke else 10
         loads = {name: Workload(w.name, w.description, w.build, w.items // scale, w.slow_items // scale)
@@ -326,7 +350,7 @@ def main() -> None:
     print("latency:", flush=True)
     results["latency"] = run_latency(args, workloads(1), all_peers)
     print("restore:", flush=True)
-    results["restore"] = run_restore(args, workloads(1))
+    results["restore"] = run_restore(args, burn_loops)
     print("memory:", flush=True)
     results["memory"] = run_memory(args, workloads(1))
     args.out.mkdir(parents=True, exist_ok=True)

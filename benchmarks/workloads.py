@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Tuple
 
 import torch
 from torchdata.datapipes.iter import IterableWrapper
@@ -26,6 +26,12 @@ def burn(loops: int, x: int) -> int:
     for i in range(loops):
         total += i * i
     return total % 1000
+
+
+def wait(seconds: float, x: int) -> int:
+    """An item that takes ``seconds`` waiting (reading a remote file, decoding on a device)."""
+    time.sleep(seconds)
+    return x
 
 
 def big_tensor(numel: int, x: int) -> torch.Tensor:
@@ -75,5 +81,56 @@ def workloads(burn_loops: int) -> Dict[str, Workload]:
             lambda n: IterableWrapper(range(n)).sharding_filter().map(partial(big_tensor, 256 * 1024)),
             items=2_000,
             slow_items=1_000,
+        ),
+    }
+
+
+@dataclass(frozen=True)
+class RestoreWorkload:
+    """A pipeline whose restore time is measured at positions ``ks`` (``ks[0]`` is 0)."""
+
+    name: str
+    description: str
+    build: Callable[[int], Any]  # source items -> pipeline
+    items_per_k: int  # source items behind one position (8 for batches of 8)
+    ks: Tuple[int, ...]
+    quick_ks: Tuple[int, ...]
+
+
+def restore_workloads(burn_loops: int) -> Dict[str, RestoreWorkload]:
+    """Early positions (before the first capture of a count-paced scheme), late ones, slow items."""
+    shuffled = lambda n, size=1000: IterableWrapper(range(n)).shuffle(buffer_size=size).sharding_filter()  # noqa: E731
+    return {
+        "tiny_batched": RestoreWorkload(
+            "tiny_batched",
+            "range -> shuffle(1000) -> sharding_filter -> map(x + 1) -> batch(8)",
+            lambda n: shuffled(n).map(add_one).batch(8),
+            8,
+            (0, 100, 2_000, 20_000, 200_000),
+            (0, 100, 2_000, 20_000),
+        ),
+        "1ms_items": RestoreWorkload(
+            "1ms_items",
+            "range -> shuffle(1000) -> sharding_filter -> map(~1 ms of Python)",
+            lambda n: shuffled(n).map(partial(burn, burn_loops)),
+            1,
+            (0, 50, 600, 3_000),
+            (0, 600),
+        ),
+        "20ms_items": RestoreWorkload(
+            "20ms_items",
+            "range -> shuffle(1000) -> sharding_filter -> map(20 ms wait)",
+            lambda n: shuffled(n).map(partial(wait, 0.02)),
+            1,
+            (0, 10, 150),
+            (0, 30),
+        ),
+        "buffer_10k": RestoreWorkload(
+            "buffer_10k",
+            "range -> shuffle(10,000) -> sharding_filter -> map(x + 1)",
+            lambda n: shuffled(n, 10_000).map(add_one),
+            1,
+            (0, 100, 5_000, 50_000, 500_000),
+            (0, 100, 50_000),
         ),
     }

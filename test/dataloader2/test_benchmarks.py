@@ -20,10 +20,15 @@ def test_benchmark_smoke_run_writes_table_and_json(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads((tmp_path / "latest.json").read_text())
     (row,) = results["throughput"]
-    assert set(row["median_items_per_s"]) >= {"ours", "upstream_mprs", "dataloader"}
-    assert row["ratios"]["dataloader"] > 0
+    assert set(row["median_items_per_s"]) >= {"ours", "upstream_mprs", "dataloader", "in_process"}
+    assert row["ratios"]["dataloader"] > 0 and row["ratios"]["in_process"] > 0
+    restores = results["restore"]
+    assert {r["workload"] for r in restores} >= {"tiny_batched", "1ms_items", "20ms_items", "buffer_10k"}
+    assert all(r["ratio_to_k0"] == 1.0 for r in restores if r["k"] == 0)
     table = (tmp_path / "latest.md").read_text()
-    assert "| tiny | 2 |" in table and "ours.state_dict.tiny" in table
+    assert (
+        "| tiny | 2 |" in table and "ours.state_dict.tiny" in table and "| 20ms_items | stateful |" in table
+    )
     memory = results["memory"]
     assert memory["state_dict_calls"] == 10 * memory["snapshots"] > 0
     assert len(memory["worker_rss_before_mb"]) == len(memory["worker_rss_after_mb"]) == 4
