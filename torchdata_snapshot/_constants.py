@@ -50,6 +50,11 @@ REQUEST_CHECK_S = 0.002
 #: may take.
 CAPTURE_TIME_BUDGET = 0.01
 
+#: ``num_workers=0`` with isolated global RNGs: at most this many items, or this much time (at
+#: least one item), are produced ahead within one swap of the RNG states (about 130 us).
+READ_AHEAD_ITEMS = 256
+READ_AHEAD_S = 0.002
+
 #: How often a pause rechecks an upstream ``Prefetcher``'s ``paused`` flag while its thread lives
 #: (the thread sets a flag and signals nothing else; upstream rechecks every 10 ms).
 PREFETCHER_PAUSE_CHECK_S = 0.001

@@ -64,17 +64,18 @@ class InProcess:
 
     def snapshot(self, outlet: Outlet, epoch: int, paused: bool) -> List[WorkerSnapshot]:
         graph = graph_datapipes(outlet)
-        delivered = outlet.delivered
+        delivered, ahead = outlet.delivered, outlet.read_ahead
         snapshot = WorkerSnapshot(
             worker_id=0,
             role="in_process",
             pid=os.getpid(),
             epoch=epoch,
-            produced=delivered,
-            sent=delivered,
+            produced=delivered + ahead,
+            sent=delivered + ahead,
             buffered=0,
-            received=delivered,
+            received=delivered + ahead,
             handed_on=delivered,
+            buffered_in_main=ahead,
             exhausted=outlet.finished,
             paused=paused,
             datapipe_yields=datapipe_yields(graph),

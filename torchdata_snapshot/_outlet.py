@@ -15,17 +15,25 @@ that the user reached:
   process*: the outlet drops the first ``skip`` items of the resumed epoch before handing any out.
   It then keeps the running digest of what it handed out (see :mod:`torchdata_snapshot._digest`),
   which the replay must reproduce.
+
+With ``num_workers=0`` and isolated global RNGs (see :mod:`torchdata_snapshot._rng`), swapping
+the three RNG states costs about 130 us, far more than a tiny item: the outlet produces items
+ahead, up to ``READ_AHEAD_ITEMS`` or ``READ_AHEAD_S`` at a time, inside one swap, and hands them
+out one by one. The data does not change (the pipeline's draws are its own either way), and
+neither do checkpoints: they count what reached the user.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator, List, Optional
+import time
+from collections import deque
+from typing import Any, Deque, Iterator, List, Optional
 
 from torch.utils.data import IterDataPipe
 from torchdata.dataloader2.graph import DataPipe
 
 from torchdata_snapshot._checkpoint import Checkpoint
-from torchdata_snapshot._constants import NO_EPOCH
+from torchdata_snapshot._constants import NO_EPOCH, READ_AHEAD_ITEMS, READ_AHEAD_S
 from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot._positions import UserPositions
 from torchdata_snapshot._replay import replay
@@ -54,6 +62,7 @@ class Outlet(IterDataPipe):
         self._chain: Optional[int] = None
         self._skip = 0
         self._skip_digest: Optional[str] = None
+        self._ahead: Deque[Any] = deque()  # the current iterator's items produced ahead
 
     def start_epoch(
         self,
@@ -103,7 +112,14 @@ class Outlet(IterDataPipe):
         return None if self._chain is None or not self.delivered else chain_hex(self._chain)
 
     def __iter__(self) -> Iterator[Any]:
-        return _OutletIterator(self, iter(self.source_datapipe), self.epoch)
+        iterator = _OutletIterator(self, iter(self.source_datapipe), self.epoch)
+        self._ahead = iterator.ahead
+        return iterator
+
+    @property
+    def read_ahead(self) -> int:
+        """Items produced ahead of the user (isolated RNGs), not handed out yet."""
+        return sum(1 for entry in self._ahead if not isinstance(entry, _End))
 
     def __len__(self) -> int:
         return len(self.source_datapipe)
@@ -115,35 +131,78 @@ class Outlet(IterDataPipe):
         self.delivered = skip
 
 
+class _End:
+    """Where the source ended (``error`` is ``None``) or raised ``error``, in the read-ahead."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Optional[Exception] = None) -> None:
+        self.error = error
+
+
 class _OutletIterator:
-    __slots__ = ("outlet", "source", "epoch")
+    __slots__ = ("outlet", "source", "epoch", "ahead")
 
     def __init__(self, outlet: Outlet, source: Iterator[Any], epoch: int) -> None:
         self.outlet = outlet
         self.source: Optional[Iterator[Any]] = source
         self.epoch = epoch
+        self.ahead: Deque[Any] = deque()
 
     def __iter__(self) -> _OutletIterator:
         return self
 
     def __next__(self) -> Any:
         outlet = self.outlet
+        if outlet.epoch != self.epoch:
+            raise StopIteration  # an iterator of an epoch that is over
         if outlet.rng is None:
-            return self._next(outlet)
-        with outlet.rng.active():
-            return self._next(outlet)
+            try:
+                item = self._produce(outlet)
+            except StopIteration:
+                outlet.finished = True
+                raise
+            return self._deliver(outlet, item)
+        if not self.ahead:
+            with outlet.rng.active():
+                self._read_ahead(outlet)
+        entry = self.ahead.popleft()
+        if isinstance(entry, _End):
+            self.ahead.appendleft(entry)  # every later call ends the same way
+            if entry.error is not None:
+                raise entry.error
+            outlet.finished = True
+            raise StopIteration
+        return self._deliver(outlet, entry)
 
-    def _next(self, outlet: Outlet) -> Any:
-        if self.source is None or outlet.epoch != self.epoch:
+    def _read_ahead(self, outlet: Outlet) -> None:
+        """Produce up to ``READ_AHEAD_ITEMS`` items, or as many as ``READ_AHEAD_S`` allows (at
+        least one), and where the source ends or fails if it does."""
+        deadline = time.perf_counter() + READ_AHEAD_S
+        for _ in range(READ_AHEAD_ITEMS):
+            try:
+                self.ahead.append(self._produce(outlet))
+            except StopIteration:
+                self.ahead.append(_End())
+                return
+            except Exception as e:
+                self.ahead.append(_End(e))
+                return
+            if time.perf_counter() >= deadline:
+                return
+
+    def _produce(self, outlet: Outlet) -> Any:
+        if self.source is None:
             raise StopIteration
         try:
             if outlet._skip:
                 outlet._replay(self.source)
-            item = next(self.source)
+            return next(self.source)
         except StopIteration:
-            outlet.finished = True
             self.source = None
             raise
+
+    def _deliver(self, outlet: Outlet, item: Any) -> Any:
         outlet.delivered += 1
         if outlet.positions is not None:
             outlet.positions.deliver_one()

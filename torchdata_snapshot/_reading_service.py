@@ -112,8 +112,9 @@ class MultiProcessingReadingService(
             as keywords.
         isolate_rng: with ``num_workers=0``, give the pipeline its own ``random``/``torch``/``numpy``
             global RNG states (seeded by DataLoader2 like a worker's), so that the training loop's
-            draws never change the data and a restored epoch replays exactly. Costs tens of
-            microseconds per item; turn it off for in-process pipelines that use no global RNG.
+            draws never change the data and a restored epoch replays exactly. Swapping the
+            states costs about 130 us, so items are produced ahead (up to 256, or 2 ms' worth)
+            within one swap: about 10% of a tiny item's cost. ``False`` is upstream's behaviour.
     """
 
     def __init__(

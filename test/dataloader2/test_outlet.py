@@ -10,6 +10,7 @@ import pytest
 from torch.utils.data import IterDataPipe
 from torchdata.datapipes.iter import IterableWrapper
 
+from torchdata_snapshot._constants import READ_AHEAD_ITEMS
 from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot._errors import ReplayDivergenceError
 from torchdata_snapshot._outlet import Outlet
@@ -132,3 +133,58 @@ def test_an_iterator_of_an_older_epoch_is_over() -> None:
     with pytest.raises(StopIteration):
         next(old)
     assert deque(iter(outlet)) == deque(range(5))
+
+
+def _fail_at_7(x: int) -> int:
+    if x == 7:
+        raise ValueError("bad item 7")
+    return x
+
+
+def _wait_5ms(x: int) -> int:
+    import time
+
+    time.sleep(0.005)
+    return x
+
+
+def isolated(datapipe: Any) -> Outlet:
+    outlet = Outlet(datapipe)
+    outlet.rng = IsolatedRNG()
+    outlet.start_epoch(0)
+    return outlet
+
+
+def test_with_isolated_rngs_items_are_produced_ahead_and_handed_out_one_by_one() -> None:
+    outlet = isolated(IterableWrapper(range(1000)).map(_draw))
+    it = iter(outlet)
+    first = next(it)
+    assert outlet.delivered == 1 and 0 < outlet.read_ahead <= READ_AHEAD_ITEMS - 1
+    rest = list(it)
+    assert [first, *rest] == [item for item in isolated(IterableWrapper(range(1000)).map(_draw))]
+    assert outlet.delivered == 1000 and outlet.finished and outlet.read_ahead == 0
+
+
+def test_an_error_produced_ahead_reaches_the_user_after_the_items_before_it() -> None:
+    it = iter(isolated(IterableWrapper(range(20)).map(_fail_at_7)))
+    assert [next(it) for _ in range(7)] == list(range(7))
+    with pytest.raises(ValueError, match="bad item 7"):
+        next(it)
+    with pytest.raises(ValueError, match="bad item 7"):
+        next(it)
+
+
+def test_slow_items_are_not_produced_far_ahead() -> None:
+    """The read-ahead stops after ``READ_AHEAD_S`` (2 ms): a 5 ms item is produced on demand."""
+    outlet = isolated(IterableWrapper(range(5)).map(_wait_5ms))
+    for _ in outlet:
+        assert outlet.read_ahead == 0
+    assert outlet.delivered == 5
+
+
+def test_without_isolation_nothing_is_produced_ahead() -> None:
+    outlet = Outlet(IterableWrapper(range(10)))
+    outlet.start_epoch(0)
+    it = iter(outlet)
+    next(it)
+    assert outlet.read_ahead == 0
