@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Deque, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Deque, Iterator, List, Optional
 
 from torch.utils.data import IterDataPipe
 from torchdata.dataloader2.graph import DataPipe
 
 from torchdata_snapshot._checkpoint import Checkpoint
+from torchdata_snapshot._compat import unhooked_iter
 from torchdata_snapshot._constants import NO_EPOCH, READ_AHEAD_ITEMS, READ_AHEAD_S
 from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot._positions import UserPositions
@@ -111,10 +112,23 @@ class Outlet(IterDataPipe):
             return self._skip_digest
         return None if self._chain is None or not self.delivered else chain_hex(self._chain)
 
-    def __iter__(self) -> Iterator[Any]:
+    if TYPE_CHECKING:  # (at run time, ``_iter`` below, set out of torch's hook)
+
+        def __iter__(self) -> Iterator[Any]: ...
+
+    def _iter(self) -> Iterator[Any]:
+        """``__iter__`` (set below, out of torch's hook: the iterator checks its epoch itself)."""
         iterator = _OutletIterator(self, iter(self.source_datapipe), self.epoch)
         self._ahead = iterator.ahead
         return iterator
+
+    @property
+    def _number_of_samples_yielded(self) -> int:  # what torch's hook would have counted
+        return self.delivered
+
+    @_number_of_samples_yielded.setter
+    def _number_of_samples_yielded(self, value: int) -> None:
+        pass  # (torch resets it with the DataPipe; the outlet resets ``delivered`` per epoch)
 
     @property
     def read_ahead(self) -> int:
@@ -129,6 +143,9 @@ class Outlet(IterDataPipe):
         skip, expected, self._skip = self._skip, self._skip_digest, 0
         self._chain = replay(source, 0, skip, self._chain, expected, where="main process", epoch=self.epoch)
         self.delivered = skip
+
+
+unhooked_iter(Outlet, Outlet._iter)
 
 
 class _End:
