@@ -387,9 +387,9 @@ def megabyte(x: int) -> Any:
     return torch.full((262144,), float(x))
 
 
-def millisecond(x: int) -> int:
-    """An item that takes 1 ms to produce (I/O-like: the time is spent waiting)."""
+def five_milliseconds(x: int) -> int:
+    """An item that takes 5 ms to produce, waiting (I/O-like)."""
     import time
 
-    time.sleep(0.001)
+    time.sleep(0.005)
     return x
