@@ -1,11 +1,13 @@
 """``CapturePacer``: when a worker captures the state of its graph, for stateful restore.
 
 A capture costs time (a large shuffle buffer takes a while to copy and pickle) and a restore
-replays what came after the latest capture before the user's position. The pacer spends at most
-``CAPTURE_TIME_BUDGET`` (1%) of the worker's production time on captures, so the items between
-two captures take about 100 times a capture's cost to produce: that bounds the replay of a
-restore *in time*, at every position, whatever an item costs. The first capture follows the
-first item (its cost is unknown before); later ones are at most ``state_interval`` items apart.
+replays what came after the latest capture before the user's position. The pacer aims at
+``CAPTURE_TIME_BUDGET`` (1%) of the worker's production time for captures, so that the items
+between two captures take at most 100 times a capture's cost to produce, or one item when an
+item costs more: that bounds the replay of a restore *in time*, at every position, whatever an
+item costs. The count of items is rounded down (the bound is the promise, the budget a target:
+captures take less than 2% when items are slow). The first capture follows the first item (its
+cost is unknown before); later ones are at most ``state_interval`` items apart.
 
 A graph with a cheap state is captured often (restores replay little), one holding a large
 buffer less often (it costs little while streaming). Time spent waiting for credit does not
@@ -54,7 +56,8 @@ class CapturePacer:
         # (The capture ran within this stretch of production: it is not the items' cost.)
         per_item_s = max(0.0, busy_s - self._last[0] - capture_s) / max(1, produced - self._last[1])
         wanted = capture_s / (CAPTURE_TIME_BUDGET * max(per_item_s, 1e-9))
-        self.next_capture = produced + max(1, min(self.state_interval, round(wanted)))
+        # Rounded down (1e-6: not below a whole count that float arithmetic missed by a hair).
+        self.next_capture = produced + max(1, min(self.state_interval, int(wanted + 1e-6)))
         self._last = (busy_s, produced)
 
     def replayed(self, produced: int) -> None:

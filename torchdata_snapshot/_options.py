@@ -61,7 +61,8 @@ class RestoreOptions:
             load its state (see the docs' contract page), the worker captures it after its
             first item and then as often as 1% of its production time allows, at most
             ``state_interval`` items apart; a restore loads the latest one instead of replaying
-            the epoch, so what it replays takes about 100 captures' time at any position.
+            the epoch, so what it replays takes at most 100 captures' time (or one item) at any
+            position.
             ``0`` turns capturing off.
         stateful: ``None`` restores from states where the graph allows it and replays elsewhere;
             ``False`` always replays; ``True`` requires it (a graph that cannot is an error at

@@ -147,7 +147,7 @@ SERIES: Tuple[Commit, ...] = (
         "under credit and answers between two items, so a snapshot is consistent without a pause\n"
         "round trip; the dispatching process deals item j to worker j % N.",
         ("_worker_snapshot", "_serving", "_capture", "_dispatch", "_worker"),
-        ("test_worker.py", "test_dispatch.py"),
+        ("test_worker.py", "test_dispatch.py", "test_capture.py"),
     ),
     Commit(
         "[DataLoader2] Add a versioned, plain-data checkpoint of the reading service",

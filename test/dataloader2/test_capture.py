@@ -1,0 +1,90 @@
+"""Capture pacing: a restore replays at most about 100 captures' time (one item when an item costs
+more), from the first item on, whatever an item costs; waits for credit are not production."""
+
+from __future__ import annotations
+
+from typing import List
+
+import pytest
+
+from torchdata_snapshot._capture import CapturePacer
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def produce(pacer: CapturePacer, clock: FakeClock, items: int, item_s: float, capture_s: float) -> List[int]:
+    """Produce ``items`` items of ``item_s`` each, capturing when due; the positions captured at."""
+    captured = []
+    for produced in range(1, items + 1):
+        pacer.start_producing()
+        clock.now += item_s
+        if pacer.due(produced):
+            clock.now += capture_s
+            pacer.captured(produced, capture_s)
+            captured.append(produced)
+        pacer.stop_producing()
+    return captured
+
+
+def test_the_first_capture_follows_the_first_item() -> None:
+    clock = FakeClock()
+    pacer = CapturePacer(state_interval=1024, clock=clock)
+    assert produce(pacer, clock, 1, item_s=1e-6, capture_s=1e-3) == [1]
+
+
+@pytest.mark.parametrize(
+    ("item_s", "capture_s", "spacing"),
+    [
+        (1e-3, 67e-6, 6),  # 1 ms items: 6.7 items' worth of 1% -> every 6 items, never 7
+        (20e-3, 300e-6, 1),  # slow items: 1.5 -> every item, so a restore replays one item
+        (20e-3, 100e-6, 1),  # a capture cheaper than 1% of an item: every item
+        (20e-3, 5.1e-3, 25),  # a dear capture (a large buffer): 24 items replayed, 480 ms <= 510
+        (1e-6, 67e-6, 1024),  # tiny items: state_interval bounds the count
+    ],
+)
+def test_captures_are_spaced_so_that_the_replay_between_two_takes_at_most_100_captures(
+    item_s: float, capture_s: float, spacing: int
+) -> None:
+    clock = FakeClock()
+    pacer = CapturePacer(state_interval=1024, clock=clock)
+    captured = produce(pacer, clock, 1 + 3 * spacing, item_s, capture_s)
+    assert captured == [1 + i * spacing for i in range(4)]
+    replay_s = (spacing - 1) * item_s  # a restore right before the next capture
+    assert replay_s <= max(item_s, 100 * capture_s)
+
+
+def test_waiting_for_credit_is_not_production() -> None:
+    """A worker far ahead of a slow training step waits between items: had the waits counted as
+    production, items would look 1,000 times dearer and every item would be captured."""
+    clock = FakeClock()
+    pacer = CapturePacer(state_interval=1024, clock=clock)
+    captured = []
+    for produced in range(1, 21):
+        clock.now += 1.0  # waiting for credit, outside production
+        pacer.start_producing()
+        clock.now += 1e-3
+        if pacer.due(produced):
+            pacer.captured(produced, 50e-6)
+            captured.append(produced)
+        pacer.stop_producing()
+    assert captured == [1, 6, 11, 16]
+
+
+def test_replayed_items_do_not_pace_captures() -> None:
+    """After a restore replayed 100 items in no measured production time, the next capture is
+    paced by the items produced since, not by an average over the replayed ones."""
+    clock = FakeClock()
+    pacer = CapturePacer(state_interval=1024, clock=clock)
+    pacer.start_producing()
+    pacer.replayed(100)
+    clock.now += 1e-3
+    assert pacer.due(101)
+    pacer.captured(101, 50e-6)
+    pacer.stop_producing()
+    assert pacer.next_capture == 106
