@@ -29,6 +29,7 @@ from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from torchdata_snapshot._compat import shared_memory_types
 from torchdata_snapshot._constants import EXIT_CODE_WAIT_S, LIVENESS_CHECK_INTERVAL_S, STARTUP_TIMEOUT_S
 from torchdata_snapshot._errors import WorkerDiedError, WorkerTimeoutError
 
@@ -89,18 +90,43 @@ def make_pipe_pair(ctx: Any = None) -> Tuple[Channel, Endpoint, Tuple[Connection
     return channel, endpoint, (request_reader, response_writer)
 
 
+_SHARED_TYPES = shared_memory_types()
+
+
+class _SharingPickler(ForkingPickler):
+    """A ``ForkingPickler`` that notes whether it pickled an object it shares with the reader
+    instead of copying it into the payload (a tensor's storage in shared memory: an object of a
+    type registered with ``ForkingPickler.register``). Called for objects of other than the
+    built-in types only, so plain items (numbers, strings, tuples, dicts) cost nothing more."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self.shared = False
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) in _SHARED_TYPES:
+            self.shared = True
+        return NotImplemented  # the usual reduction
+
+
 class ItemEncoder:
     """Pickles items one after the other into one buffer, as ``ForkingPickler`` does for queues.
 
     Tensors therefore travel through shared memory, exactly as with upstream's queues. One
     pickler is reused for a whole batch (building a ``ForkingPickler`` costs ~2 us, a ``dump``
-    ~0.2 us); its memo is cleared after every item so that items stay independent.
+    ~0.2 us); its memo is cleared after every item so that items stay independent. ``shared``
+    tells whether the item :meth:`dumps` pickled last shares memory with the reader: then its
+    payload does not measure its size.
     """
 
     def __init__(self) -> None:
         self._buffer = io.BytesIO()
-        self._pickler = ForkingPickler(self._buffer, pickle.HIGHEST_PROTOCOL)
+        self._pickler = _SharingPickler(self._buffer)
         self.count = 0
+
+    @property
+    def shared(self) -> bool:
+        return self._pickler.shared
 
     @property
     def nbytes(self) -> int:
@@ -124,6 +150,7 @@ class ItemEncoder:
         self._buffer.seek(0)
         self._buffer.truncate()
         self.count = 0
+        self._pickler.shared = False
         try:
             self._pickler.dump(item)
         finally:

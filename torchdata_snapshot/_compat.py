@@ -3,9 +3,10 @@
 DataLoader2's extension points cover most of what a reading service needs, but not all of it:
 the graph's serialization wrapper, its replicable-branch search, the dispatching placeholder,
 the worker-side init and reset functions, the counters torch keeps on every DataPipe, the
-fields of a few DataPipes and of ``SeedGenerator``. Each is reached through a name below, so
-that a torch or torchdata release that moves one breaks one line here, and the tests of this
-package (which run on every supported torchdata) say which.
+fields of a few DataPipes and of ``SeedGenerator``; and one registry of ``multiprocessing``.
+Each is reached through a name below, so that a torch or torchdata release that moves one
+breaks one line here, and the tests of this package (which run on every supported torchdata)
+say which.
 
 Checked against torch 2.13 and torchdata 0.7.1, 0.8.0 and 0.9.0.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from torch.utils.data.datapipes.iter.combinatorics import ShufflerIterDataPipe
@@ -167,3 +169,10 @@ def unhooked_iter(cls: type, iter_fn: Callable[[Any], Iterator[Any]]) -> None:
 
 
 get_file_pathnames_from_root = get_file_pathnames_from_root
+
+
+def shared_memory_types() -> Dict[type, Any]:
+    """The types ``ForkingPickler.register`` was given a reduction for: torch registers tensors
+    and storages, which then travel through shared memory. Registering updates this same dict,
+    so a reference taken before ``import torch`` stays current."""
+    return ForkingPickler._extra_reducers  # type: ignore[attr-defined]

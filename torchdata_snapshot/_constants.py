@@ -46,6 +46,11 @@ REPLAY_HEARTBEAT_S = 1.0
 REQUEST_CHECK_ITEMS = 64
 REQUEST_CHECK_S = 0.002
 
+#: Small items (see ``_stream.small_items_window``): the credit window of a worker whose items
+#: travel whole in their pickles covers at least this many of their bytes, up to that many items.
+SMALL_ITEMS_PREFETCH_BYTES = 1 << 18
+SMALL_ITEMS_MAX_WINDOW = 512
+
 #: Stateful restore: the share of a worker's production time that capturing its graph's state
 #: may take.
 CAPTURE_TIME_BUDGET = 0.01

@@ -62,6 +62,9 @@ class WorkerConsumer(IterDataPipe):
         respawn: self-healing: starts a new process for a worker that died and returns its
             channel (``None``: a death is an error).
         restarts_allowed: how many times per epoch each worker may be replaced.
+        small_items_bytes: the window of a stream of small items that travel whole in their
+            pickles grows to cover this many of their bytes (see
+            :func:`~torchdata_snapshot._stream.small_items_window`; ``0``: it does not).
     """
 
     def __init__(
@@ -74,11 +77,13 @@ class WorkerConsumer(IterDataPipe):
         positions: Optional[UserPositions] = None,
         respawn: Optional[Callable[[int], Channel]] = None,
         restarts_allowed: int = 0,
+        small_items_bytes: int = 0,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.streams = [
-            WorkerStream(worker_id, channel, window) for worker_id, channel in enumerate(channels)
+            WorkerStream(worker_id, channel, window, small_items_bytes)
+            for worker_id, channel in enumerate(channels)
         ]
         self.num_workers = len(self.streams)
         self.window = window

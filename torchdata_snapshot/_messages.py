@@ -50,7 +50,8 @@ The worker loop produces while it has credit and hands each item, pickled, to it
 as ``ItemsResponse`` batches of whatever has accumulated (bounded by count and bytes, see
 :class:`BatchingOptions`), so no item waits for a slow next one. The main process keeps at most
 a window of ``worker_prefetch_cnt + ceil(main_prefetch_cnt / num_workers) + 1`` items
-outstanding per worker and tops the credit up when half of it was used. Items the user has not
+outstanding per worker (more for small items, see ``_stream.small_items_window``) and tops the
+credit up when half of it was used. Items the user has not
 taken yet wait in the outbox, the pipe or the main process's buffer; no thread polls anything.
 
 Counters, per worker and epoch (always true between two messages):
@@ -245,12 +246,14 @@ class ItemsResponse(Response):
     """``count`` items of epoch ``epoch``, in order, pickled one after the other into ``payload``
     (see :class:`~torchdata_snapshot._channel.ItemEncoder`). With replay verification on,
     ``digests`` holds the stream's running digest after each of them, as ``count`` native
-    unsigned 64-bit integers (``array("Q")``; see :mod:`torchdata_snapshot._digest`)."""
+    unsigned 64-bit integers (``array("Q")``; see :mod:`torchdata_snapshot._digest`). ``shared``
+    counts the items that hold shared memory (tensors), whose size the payload does not tell."""
 
     epoch: int
     count: int
     payload: bytes
     digests: Optional[bytes] = None
+    shared: int = 0
 
 
 @dataclass(frozen=True)

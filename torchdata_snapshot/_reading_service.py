@@ -97,7 +97,9 @@ class MultiProcessingReadingService(
         num_workers: number of worker processes; ``0`` runs the graph in the main process.
         multiprocessing_context: ``"fork"``, ``"spawn"`` or ``"forkserver"`` (default: the
             platform's default).
-        worker_prefetch_cnt: items each worker may produce ahead of the main process's requests.
+        worker_prefetch_cnt: items each worker may produce ahead of the main process's requests
+            (small items holding no shared memory: up to 256 KiB of them, at most 512; see the
+            docs' design page).
         main_prefetch_cnt: items the main process asks for ahead of the user, spread over workers.
         worker_init_fn: called in each worker with ``(datapipe, WorkerInfo)`` when it starts.
         worker_reset_fn: called in each worker with ``(datapipe, WorkerInfo, SeedGenerator)`` at

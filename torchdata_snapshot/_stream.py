@@ -15,6 +15,7 @@ from typing import Any, Deque, List, Optional, cast
 
 from torchdata_snapshot._channel import ItemDecoder
 from torchdata_snapshot._compat import ExceptionWrapper
+from torchdata_snapshot._constants import SMALL_ITEMS_MAX_WINDOW
 from torchdata_snapshot._messages import (
     ItemsResponse,
     Response,
@@ -29,6 +30,7 @@ __all__ = [
     "Raised",
     "file_response",
     "items_message",
+    "small_items_window",
     "take_batch",
 ]
 
@@ -37,12 +39,14 @@ __all__ = [
 
 class QueuedItem:
     """An item pickled by its producer, waiting to be sent, with the stream's running digest
-    after it (``None`` when digests are off)."""
+    after it (``None`` when digests are off) and whether it shares memory with the reader."""
 
-    __slots__ = ("epoch", "payload", "digest")
+    __slots__ = ("epoch", "payload", "digest", "shared")
 
-    def __init__(self, epoch: int, payload: bytes, digest: Optional[int] = None) -> None:
-        self.epoch, self.payload, self.digest = epoch, payload, digest
+    def __init__(
+        self, epoch: int, payload: bytes, digest: Optional[int] = None, shared: bool = False
+    ) -> None:
+        self.epoch, self.payload, self.digest, self.shared = epoch, payload, digest, shared
 
 
 def take_batch(queue: Deque[Any], max_items: int, max_bytes: int) -> List[QueuedItem]:
@@ -68,7 +72,8 @@ def items_message(batch: List[QueuedItem]) -> ItemsResponse:
     digests = None
     if batch[0].digest is not None:
         digests = array("Q", [cast(int, entry.digest) for entry in batch]).tobytes()
-    return ItemsResponse(batch[0].epoch, len(batch), b"".join(entry.payload for entry in batch), digests)
+    payload = b"".join(entry.payload for entry in batch)
+    return ItemsResponse(batch[0].epoch, len(batch), payload, digests, sum(entry.shared for entry in batch))
 
 
 # --- receiving ------------------------------------------------------------------------------
@@ -116,6 +121,20 @@ def file_response(response: Response, epoch: int, buffer: Deque[Any]) -> Optiona
             buffer.append(Raised(response.exc))
         return 0
     return None
+
+
+def small_items_window(window: int, item_bytes: int, shared: bool, budget_bytes: int) -> int:
+    """The credit window for a stream whose items pickle to at most ``item_bytes`` each (the
+    largest average of a message so far): ``window``, or more for small items that travel whole
+    in their pickles, as many as ``budget_bytes`` of them (at most ``SMALL_ITEMS_MAX_WINDOW``).
+
+    Tiny items are produced faster than a credit grant travels: with ``window`` items in flight
+    the worker would wait for every grant, and the stream would run at the pace of the round
+    trip. A stream that sent items holding shared memory (tensors) keeps ``window``: their pickle
+    is a handle, not their size, and the prefetch counts bound that memory exactly."""
+    if budget_bytes <= 0 or shared:
+        return window
+    return max(window, min(SMALL_ITEMS_MAX_WINDOW, budget_bytes // max(1, item_bytes)))
 
 
 class Credit:

@@ -209,7 +209,7 @@ class WorkerLoop(ServingLoop):
             self.credit -= 1
             if self.digest is not None:
                 self.digest = chain(self.digest, item)
-            self.outbox.put_item(self.epoch, payload, self.digest)
+            self.outbox.put_item(self.epoch, payload, self.digest, self.encoder.shared)
             if self.stateful and self.pacer.due(self.produced):
                 self._capture_state()
             if time.perf_counter() >= deadline:

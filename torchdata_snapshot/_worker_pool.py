@@ -26,6 +26,7 @@ from torchdata_snapshot._compat import (
     find_lca_round_robin_sharding_dp,
     find_replicable_branches,
 )
+from torchdata_snapshot._constants import SMALL_ITEMS_PREFETCH_BYTES
 from torchdata_snapshot._consumer import WorkerConsumer
 from torchdata_snapshot._dispatcher_client import DispatcherClient
 from torchdata_snapshot._launcher import ProcessLauncher
@@ -131,6 +132,7 @@ class WorkerPool:
             positions=UserPositions(num_workers) if _is_one_to_one_tail(datapipe, replicable_dp) else None,
             respawn=launcher.restart_worker if faults.restart_dead_workers else None,
             restarts_allowed=faults.restart_dead_workers,
+            small_items_bytes=SMALL_ITEMS_PREFETCH_BYTES,
         )
         if replicable_dp is datapipe:
             return cls(launcher, consumer, dispatcher, consumer)

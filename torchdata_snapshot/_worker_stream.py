@@ -17,7 +17,7 @@ from torchdata_snapshot._channel import Channel
 from torchdata_snapshot._checkpoint import GraphState, WorkerPosition
 from torchdata_snapshot._digest import chain_hex, parse_chain_hex
 from torchdata_snapshot._messages import ItemsResponse, ReplayRequest, Response, StateMarkResponse
-from torchdata_snapshot._stream import END, Credit, Raised, file_response
+from torchdata_snapshot._stream import END, Credit, Raised, file_response, small_items_window
 
 __all__ = ["WorkerStream"]
 
@@ -38,10 +38,13 @@ class WorkerStream:
     behind it on; :meth:`prune` drops the rest as the kept position moves forward.
     """
 
-    def __init__(self, worker_id: int, channel: Channel, window: int) -> None:
+    def __init__(self, worker_id: int, channel: Channel, window: int, small_items_bytes: int = 0) -> None:
         self.worker_id = worker_id
         self.channel = channel
         self.window = window
+        self.small_items_bytes = small_items_bytes  # see small_items_window (0: the window only)
+        self._item_bytes = 0  # the largest average pickled size of the items of a message
+        self._shared = False  # some items held shared memory
         self.buffer: Deque[Any] = deque()  # items, then END or Raised where the stream stopped
         self.received = 0
         self.handed_on = 0
@@ -56,7 +59,8 @@ class WorkerStream:
         done = position.delivered
         self.buffer.clear()
         self.received = self.handed_on = done
-        self.credit = Credit(self.window, granted=done)
+        self.credit = Credit(self.window, granted=done)  # grown by the epoch's first small items
+        self._item_bytes, self._shared = 0, False
         self.exhausted = False
         self._digests.clear()
         if position.digest is not None:  # known at the restored position, as if received
@@ -79,6 +83,11 @@ class WorkerStream:
                 if response.digests is not None:
                     self._digests.append((first, response.digests))
                 self.received += added
+                self._item_bytes = max(self._item_bytes, len(response.payload) // added)
+                self._shared = self._shared or response.shared > 0
+                self.credit.window = small_items_window(
+                    self.window, self._item_bytes, self._shared, self.small_items_bytes
+                )
             return True
         if isinstance(response, StateMarkResponse):
             if response.epoch == epoch:

@@ -162,7 +162,7 @@ SERIES: Tuple[Commit, ...] = (
         "per worker stream, credit-based prefetching, every exchange bounded, a dead worker replaced\n"
         "when asked; the outlet counts what reached the user.",
         ("_positions", "_worker_stream", "_healing", "_links", "_consumer", "_outlet"),
-        ("test_consumer.py", "test_outlet.py"),
+        ("test_consumer.py", "test_outlet.py", "test_stream.py"),
     ),
     Commit(
         "[DataLoader2] Add a checkpointable MultiProcessingReadingService with snapshot()",

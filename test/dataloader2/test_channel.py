@@ -44,6 +44,24 @@ def test_encoder_keeps_items_independent() -> None:
     assert first == second == [1, 2] and first is not second
 
 
+def test_the_encoder_tells_items_holding_shared_memory_apart() -> None:
+    """A tensor travels through shared memory: its pickle is a handle, not its size."""
+    import numpy as np
+
+    encoder = ItemEncoder()
+    for item, shared in [
+        (torch.zeros(1000), True),
+        ({"image": torch.zeros(3, 8, 8), "label": 1}, True),
+        (0, False),  # the flag is the last item's, not the batch's
+        ("a" * 1000, False),
+        ({"k": [1, 2.5, (b"x", None)]}, False),
+        (np.zeros(1000), False),  # numpy arrays are copied into the pickle
+    ]:
+        payload = encoder.dumps(item)
+        assert encoder.shared is shared, item
+        assert type(ItemDecoder.decode(1, payload)[0]) is type(item)
+
+
 def test_a_failed_item_leaves_the_batch_as_it_was() -> None:
     encoder = ItemEncoder()
     encoder.add(1)

@@ -59,8 +59,10 @@ def test_a_killed_worker_is_replaced_and_the_data_is_exactly_the_same(
 
 
 def test_kills_at_any_moment_between_items(make_dl: Any) -> None:
-    reference = list(make_dl(pipeline("global_rng", 300), rs(2)))
-    dl = make_dl(pipeline("global_rng", 300), rs(2, restart_dead_workers=3))
+    # More items than the workers may run ahead (small items: up to 512 each), so that every
+    # kill finds a worker with items still to produce.
+    reference = list(make_dl(pipeline("global_rng", 3000), rs(2)))
+    dl = make_dl(pipeline("global_rng", 3000), rs(2, restart_dead_workers=3))
     it = iter(dl)
     got = take(it, 10)
     with pytest.warns(RuntimeWarning, match="restarting it") as restarts:
@@ -122,8 +124,10 @@ def test_a_worker_found_dead_when_sending_it_a_request_is_replaced(make_dl: Any)
 
 
 def test_a_worker_found_dead_when_granting_it_credit_is_replaced(make_dl: Any) -> None:
-    reference = list(make_dl(pipeline("shuffle_after_sharding", 200), rs(2)))
-    dl = make_dl(pipeline("shuffle_after_sharding", 200), rs(2, restart_dead_workers=1))
+    # More items than a worker may run ahead (small items: up to 512), so that the main process
+    # still has credit to grant the dead worker.
+    reference = list(make_dl(pipeline("shuffle_after_sharding", 3000), rs(2)))
+    dl = make_dl(pipeline("shuffle_after_sharding", 3000), rs(2, restart_dead_workers=1))
     it = iter(dl)
     got = take(it, 7)
     victim = worker_processes(dl)[1]

@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 import pytest
-from pipelines import gone, pipeline, rs, stuck_at_5, take, tiny, worker_processes
+from pipelines import gone, megabyte, pipeline, rs, stuck_at_5, take, tiny, worker_processes
 from torchdata.datapipes.iter import IterableWrapper
 
 from torchdata_snapshot import BatchingOptions, WorkerTimeoutError
@@ -25,6 +25,39 @@ def test_batching_changes_the_messages_not_the_data(make_dl: Any) -> None:
     for s in snaps:
         assert s.produced == s.sent + s.buffered and s.produced == s.received
         assert s.sent / s.batches >= 8, f"items travel in batches, got {s.sent} in {s.batches} messages"
+
+
+COUNT_WINDOW = 10 + 10 + 1  # rs(1)'s prefetch counts: worker, main, the item asked for
+
+
+def settled_lead(dl: Any, at_least: int) -> int:
+    """How far the worker is ahead of the user, once it is at least ``at_least`` ahead (bounded
+    wait): its credit stops it there."""
+    deadline = time.monotonic() + 30
+    while True:
+        (s,) = dl.reading_service.snapshot()
+        if s.produced - s.handed_on >= at_least or time.monotonic() > deadline:
+            return s.produced - s.handed_on
+
+
+def test_small_items_run_ahead_further_than_the_prefetch_counts(make_dl: Any) -> None:
+    """Tiny items are produced faster than a credit grant travels: the window covers 256 KiB
+    of them (at most 512), so the worker does not wait for a grant every ten items."""
+    dl = make_dl(tiny(4000), rs(1))
+    it = iter(dl)
+    take(it, 300)
+    assert settled_lead(dl, at_least=256) >= 256
+
+
+def test_items_holding_shared_memory_stay_within_the_prefetch_counts(make_dl: Any) -> None:
+    """A tensor's pickle is a handle into shared memory: the prefetch counts bound that memory.
+    (What the main process granted is read directly: the worker reaches it only in its time.)"""
+    dl = make_dl(IterableWrapper(range(400)).sharding_filter().map(megabyte), rs(1))
+    it = iter(dl)
+    take(it, 100)
+    (stream,) = dl.reading_service._runtime.consumer.streams
+    assert stream.credit.granted - stream.handed_on <= COUNT_WINDOW
+    assert settled_lead(dl, at_least=COUNT_WINDOW // 2) <= COUNT_WINDOW
 
 
 def test_one_item_per_message_when_asked(make_dl: Any) -> None:

@@ -1,0 +1,81 @@
+"""The two ends of a stream: messages of queued items, and the credit window, which grows for
+small items that travel whole in their pickles and never for items holding shared memory."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from torchdata_snapshot._channel import ItemEncoder
+from torchdata_snapshot._checkpoint import WorkerPosition
+from torchdata_snapshot._constants import SMALL_ITEMS_MAX_WINDOW
+from torchdata_snapshot._messages import ItemsResponse
+from torchdata_snapshot._stream import Credit, QueuedItem, items_message, small_items_window
+from torchdata_snapshot._worker_stream import WorkerStream
+
+BUDGET = 1 << 18
+
+
+def test_a_message_counts_the_items_holding_shared_memory() -> None:
+    batch = [QueuedItem(1, pickle.dumps(i), None, shared=i % 2 == 0) for i in range(5)]
+    message = items_message(batch)
+    assert (message.epoch, message.count, message.shared) == (1, 5, 3)
+
+
+@pytest.mark.parametrize(
+    ("item_bytes", "shared", "window"),
+    [
+        (5, False, SMALL_ITEMS_MAX_WINDOW),  # ints: as many as allowed
+        (2048, False, BUDGET // 2048),  # 2 KB strings: 128, the budget's worth
+        (100_000, False, 21),  # large pickles: the prefetch counts
+        (5, True, 21),  # tensors were among them: their size is unknown
+    ],
+)
+def test_the_window_grows_for_small_items_only(item_bytes: int, shared: bool, window: int) -> None:
+    assert small_items_window(21, item_bytes, shared, BUDGET) == window
+
+
+def test_without_a_budget_the_window_is_the_prefetch_counts() -> None:
+    assert small_items_window(21, 5, False, 0) == 21
+
+
+def stream_after(*messages: ItemsResponse) -> WorkerStream:
+    stream = WorkerStream(0, None, window=21, small_items_bytes=BUDGET)  # type: ignore[arg-type]
+    stream.start(WorkerPosition())
+    for message in messages:
+        assert stream.file(message, epoch=0)
+    return stream
+
+
+def ints(count: int, shared: int = 0) -> ItemsResponse:
+    encoder = ItemEncoder()
+    for i in range(count):
+        encoder.add(i)
+    return ItemsResponse(0, *encoder.take(), None, shared)
+
+
+def strings(count: int, size: int) -> ItemsResponse:
+    encoder = ItemEncoder()
+    for _ in range(count):
+        encoder.add("x" * size)
+    return ItemsResponse(0, *encoder.take(), None)
+
+
+def test_a_stream_keeps_the_window_its_largest_items_allow_for_the_epoch() -> None:
+    assert stream_after(ints(64)).credit.window == SMALL_ITEMS_MAX_WINDOW
+    # 100 KB strings once: a later message of small items does not let 512 of them run ahead.
+    assert stream_after(ints(64), strings(2, 100_000), ints(64)).credit.window == 21
+    assert stream_after(ints(64), ints(8, shared=1), ints(64)).credit.window == 21
+    # A new epoch (or a restored position) measures again.
+    stream = stream_after(strings(2, 100_000))
+    stream.start(WorkerPosition())
+    assert stream.file(ints(64), epoch=0) and stream.credit.window == SMALL_ITEMS_MAX_WINDOW
+
+
+def test_a_shrunk_window_grants_nothing_until_half_of_it_is_outstanding() -> None:
+    credit = Credit(512)
+    assert credit.top_up(0) == 512
+    credit.window = 21  # larger items came
+    assert credit.top_up(400) == 0  # 112 outstanding
+    assert credit.top_up(502) == 11  # 10 outstanding: topped up to 21
