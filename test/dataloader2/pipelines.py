@@ -373,10 +373,13 @@ def credit_window_of(dl: Any) -> int:
 
 def kill_once_at_reset(marker: str, datapipe: Any, worker_info: Any, seed_generator: Any) -> Any:
     """A ``worker_reset_fn`` that SIGKILLs the worker resetting to an epoch if ``marker``
-    exists (and removes it: once only): a worker that dies in the middle of an epoch reset."""
-    if os.path.exists(marker):
+    exists (and removes it: once only, the worker that removed it): a worker that dies in the
+    middle of an epoch reset."""
+    try:
         os.unlink(marker)
-        os.kill(os.getpid(), signal.SIGKILL)
+    except FileNotFoundError:
+        return datapipe
+    os.kill(os.getpid(), signal.SIGKILL)
     return datapipe
 
 
