@@ -59,6 +59,9 @@ CAPTURE_TIME_BUDGET = 0.01
 #: least one item), are produced ahead within one swap of the RNG states (about 130 us).
 READ_AHEAD_ITEMS = 256
 READ_AHEAD_S = 0.002
+#: ... and at most this many bytes of tensors and arrays (cheap large items would otherwise hold
+#: hundreds of megabytes, and fresh memory for every one of them costs page faults).
+READ_AHEAD_BYTES = 16 << 20
 
 #: How often a pause rechecks an upstream ``Prefetcher``'s ``paused`` flag while its thread lives
 #: (the thread sets a flag and signals nothing else; upstream rechecks every 10 ms).

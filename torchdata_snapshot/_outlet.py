@@ -18,9 +18,9 @@ that the user reached:
 
 With ``num_workers=0`` and isolated global RNGs (see :mod:`torchdata_snapshot._rng`), swapping
 the three RNG states costs about 130 us, far more than a tiny item: the outlet produces items
-ahead, up to ``READ_AHEAD_ITEMS`` or ``READ_AHEAD_S`` at a time, inside one swap, and hands them
-out one by one. The data does not change (the pipeline's draws are its own either way), and
-neither do checkpoints: they count what reached the user.
+ahead, up to ``READ_AHEAD_ITEMS``, ``READ_AHEAD_S`` or ``READ_AHEAD_BYTES`` of data at a time,
+inside one swap, and hands them out one by one. The data does not change (the pipeline's draws
+are its own either way), and neither do checkpoints: they count what reached the user.
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ from torchdata.dataloader2.graph import DataPipe
 
 from torchdata_snapshot._checkpoint import Checkpoint
 from torchdata_snapshot._compat import unhooked_iter
-from torchdata_snapshot._constants import NO_EPOCH, READ_AHEAD_ITEMS, READ_AHEAD_S
+from torchdata_snapshot._constants import NO_EPOCH, READ_AHEAD_BYTES, READ_AHEAD_ITEMS, READ_AHEAD_S
 from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot._positions import UserPositions
 from torchdata_snapshot._replay import replay
 from torchdata_snapshot._rng import IsolatedRNG
 
-__all__ = ["Outlet"]
+__all__ = ["Outlet", "data_bytes"]
 
 
 class Outlet(IterDataPipe):
@@ -157,6 +157,26 @@ class _End:
         self.error = error
 
 
+def data_bytes(item: Any) -> int:
+    """The bytes ``item`` holds in tensors, arrays, strings and bytes, at its top level or one
+    level down (a sample as a tuple, a list or a dict of them); anything else counts nothing."""
+    if isinstance(item, dict):
+        return sum(_own_bytes(value) for value in item.values())
+    if isinstance(item, (tuple, list)):
+        return sum(_own_bytes(value) for value in item)
+    return _own_bytes(item)
+
+
+def _own_bytes(value: Any) -> int:
+    if isinstance(value, (str, bytes, bytearray)):
+        return len(value)
+    try:
+        nbytes = getattr(value, "nbytes", None)  # tensors and numpy arrays
+    except Exception:  # a sparse tensor has none; any other object may raise what it wants
+        return 0
+    return nbytes if isinstance(nbytes, int) else 0
+
+
 class _OutletIterator:
     __slots__ = ("outlet", "source", "epoch", "ahead")
 
@@ -193,10 +213,12 @@ class _OutletIterator:
         return self._deliver(outlet, entry)
 
     def _read_ahead(self, outlet: Outlet) -> None:
-        """Produce up to ``READ_AHEAD_ITEMS`` items, or as many as ``READ_AHEAD_S`` allows (at
-        least one), and where the source ends or fails if it does."""
+        """Produce up to ``READ_AHEAD_ITEMS`` items, as many as ``READ_AHEAD_S`` allows and as
+        many of the first one's size as fit in ``READ_AHEAD_BYTES`` (at least one), and where
+        the source ends or fails if it does."""
         deadline = time.perf_counter() + READ_AHEAD_S
-        for _ in range(READ_AHEAD_ITEMS):
+        limit = READ_AHEAD_ITEMS
+        for count in range(READ_AHEAD_ITEMS):
             try:
                 self.ahead.append(self._produce(outlet))
             except StopIteration:
@@ -205,7 +227,9 @@ class _OutletIterator:
             except Exception as e:
                 self.ahead.append(_End(e))
                 return
-            if time.perf_counter() >= deadline:
+            if count == 0:
+                limit = max(1, min(limit, READ_AHEAD_BYTES // max(1, data_bytes(self.ahead[-1]))))
+            if count + 1 >= limit or time.perf_counter() >= deadline:
                 return
 
     def _produce(self, outlet: Outlet) -> Any:

@@ -6,14 +6,17 @@ import random
 from collections import deque
 from typing import Any, Iterator, List
 
+import numpy
 import pytest
+import torch
 from torch.utils.data import IterDataPipe
 from torchdata.datapipes.iter import IterableWrapper
 
-from torchdata_snapshot._constants import READ_AHEAD_ITEMS
+import torchdata_snapshot._outlet as outlet_module
+from torchdata_snapshot._constants import READ_AHEAD_BYTES, READ_AHEAD_ITEMS
 from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot._errors import ReplayDivergenceError
-from torchdata_snapshot._outlet import Outlet
+from torchdata_snapshot._outlet import Outlet, data_bytes
 from torchdata_snapshot._positions import UserPositions
 from torchdata_snapshot._rng import IsolatedRNG
 
@@ -180,6 +183,39 @@ def test_slow_items_are_not_produced_far_ahead() -> None:
     for _ in outlet:
         assert outlet.read_ahead == 0
     assert outlet.delivered == 5
+
+
+def _megabyte(x: int) -> Any:
+    return torch.full((262144,), float(x))
+
+
+def test_large_items_are_produced_ahead_only_as_far_as_read_ahead_bytes(monkeypatch: Any) -> None:
+    """1 MB tensors cost microseconds to make: the time bound would let 256 of them (256 MB)
+    wait in the main process; the byte bound keeps it to 16 MB (time is taken out of play)."""
+    monkeypatch.setattr(outlet_module, "READ_AHEAD_S", 60.0)
+    outlet = isolated(IterableWrapper(range(300)).map(_megabyte))
+    it = iter(outlet)
+    next(it)
+    assert outlet.read_ahead == READ_AHEAD_BYTES // 2**20 - 1
+    small = isolated(IterableWrapper(range(300)))
+    next(iter(small))
+    assert small.read_ahead == READ_AHEAD_ITEMS - 1, "small items: the count bound"
+
+
+@pytest.mark.parametrize(
+    ("item", "size"),
+    [
+        (torch.zeros(10, dtype=torch.int64), 80),
+        (numpy.zeros(10), 80),
+        ((torch.zeros(4), 3, "abc"), 16 + 3),
+        ({"image": torch.zeros(8, dtype=torch.uint8), "name": b"xy"}, 10),
+        ([torch.zeros(2), [torch.zeros(100)]], 8),  # one level down only
+        (7, 0),
+        (torch.sparse_coo_tensor([[0, 1]], [1.0, 2.0], (3,), check_invariants=True), 0),  # nbytes raises
+    ],
+)
+def test_data_bytes_counts_tensors_arrays_strings_and_bytes(item: Any, size: int) -> None:
+    assert data_bytes(item) == size
 
 
 def test_without_isolation_nothing_is_produced_ahead() -> None:
