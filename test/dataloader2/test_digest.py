@@ -85,3 +85,29 @@ def test_digests_agree_across_processes_with_other_hash_salts(hash_seed: str) ->
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().split(",") == [item_digest(x) for x in samples()]
+
+
+#: Digests that checkpoints written by earlier versions hold: a restore recomputes them, so they
+#: must never change (contiguous CPU tensors are read without a copy, the others through a copy:
+#: both must feed the same bytes).
+PINNED_TENSOR_DIGESTS = {
+    "1 MB float32": (lambda: torch.arange(262144, dtype=torch.float32), "41fb3b944e635a71"),
+    "small int64": (lambda: torch.arange(10), "d26208f4f3627d11"),
+    "bool": (lambda: torch.tensor([True, False, True]), "1d09530e852c70c3"),
+    "uint8, sampled": (lambda: torch.arange(20000, dtype=torch.int32).to(torch.uint8), "f308d8f56c499540"),
+    "2-d float64": (lambda: torch.arange(3000, dtype=torch.float64).reshape(30, 100), "4e549038bff2dbf3"),
+    "transposed": (lambda: torch.arange(10000.0).reshape(100, 100).t(), "c8f838c8ed8377bf"),
+    "float16": (lambda: torch.arange(5000, dtype=torch.float16), "3cddcdc975fb2868"),
+    "bfloat16 (no numpy dtype)": (lambda: torch.arange(5000, dtype=torch.bfloat16), "034ca937432dbc6d"),
+    "complex64": (lambda: torch.arange(3000, dtype=torch.float32).to(torch.complex64), "4a841717b2a8da7a"),
+    "empty": (lambda: torch.zeros(0), "ac6702e0d56eb9d6"),
+    "0-d": (lambda: torch.tensor(3.5), "ce2d36ba83356ead"),
+    "requires grad": (lambda: torch.ones(5000, requires_grad=True), "3c63369fd7e78c62"),
+    "slice of a larger storage": (lambda: torch.arange(100000.0)[1000:60000], "12c8f1d10372c724"),
+}
+
+
+@pytest.mark.parametrize("name", list(PINNED_TENSOR_DIGESTS))
+def test_tensor_digests_stay_what_earlier_checkpoints_recorded(name: str) -> None:
+    make, digest = PINNED_TENSOR_DIGESTS[name]
+    assert item_digest(make()) == digest
