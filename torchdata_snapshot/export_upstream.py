@@ -187,25 +187,10 @@ SERIES: Tuple[Commit, ...] = (
     ),
 )
 
-#: The public names of this package, as torchdata.dataloader2 exports them at the end.
-PUBLIC_EXPORTS = (
-    "BatchingOptions",
-    "CheckpointError",
-    "FaultOptions",
-    "IncompatibleCheckpointError",
-    "InvalidCheckpointError",
-    "ReadingServiceClosedError",
-    "ReadingServiceError",
-    "ReplayDivergenceError",
-    "RestoreOptions",
-    "StateCaptureError",
-    "StateRestoreError",
-    "WorkerDiedError",
-    "WorkerError",
-    "WorkerSnapshot",
-    "WorkerTimeoutError",
-    "register_state_functions",
-)
+#: Public names of this package that torchdata.dataloader2 does not export beside its own: the
+#: reading service takes upstream's class's place under upstream's name, and ``ProtocolError``
+#: (a message out of turn between our own processes) stays in its module.
+NOT_REEXPORTED = ("MultiProcessingReadingService", "ProtocolError")
 
 SUPPORTED = re.compile(r"^0\.(7\.1|8\.\d+|9\.\d+)$")
 
@@ -231,6 +216,11 @@ def public_name_modules() -> Dict[str, str]:
             for alias in node.names:
                 names[alias.asname or alias.name] = node.module.rsplit(".", 1)[1]
     return names
+
+
+def public_exports() -> List[str]:
+    """The public names of this package that torchdata.dataloader2 exports at the end, sorted."""
+    return sorted(set(public_name_modules()) - set(NOT_REEXPORTED))
 
 
 _MODULE_REFERENCE = re.compile(r"torchdata_snapshot\.(_[a-z_]+)\b")
@@ -420,7 +410,8 @@ def _dataloader2_init(source: str) -> str:
     public = public_name_modules()
     imports = [f"from {dotted('_reading_service')} import MultiProcessingReadingService  # noqa: F811"]
     by_module: Dict[str, List[str]] = {}
-    for name in PUBLIC_EXPORTS:
+    exports = public_exports()
+    for name in exports:
         by_module.setdefault(dotted(public[name]), []).append(name)
     imports += [_import_statement(module, names) for module, names in sorted(by_module.items())]
     anchor = "from torchdata.dataloader2.shuffle_spec import ShuffleSpec\n"
@@ -430,7 +421,7 @@ def _dataloader2_init(source: str) -> str:
     match = re.search(r"__all__ = \[(.*?)\]", source, re.S)
     if match is None:
         raise ExportError("torchdata/dataloader2/__init__.py has no __all__ list")
-    names = sorted(set(re.findall(r'"([A-Za-z_][A-Za-z0-9_]*)"', match.group(1))) | set(PUBLIC_EXPORTS))
+    names = sorted(set(re.findall(r'"([A-Za-z_][A-Za-z0-9_]*)"', match.group(1))) | set(exports))
     listing = "__all__ = [\n" + "".join(f'    "{name}",\n' for name in names) + "]"
     return source[: match.start()] + listing + source[match.end() :]
 
