@@ -59,6 +59,14 @@ def reading_service() -> MultiProcessingReadingService:
     return MultiProcessingReadingService(num_workers=2, worker_prefetch_cnt=10, main_prefetch_cnt=10)
 
 
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Any) -> None:
+    xs, ys = torch.tensor(batch).unbind(1)
+    loss = torch.nn.functional.mse_loss(model(xs.unsqueeze(1)), ys.unsqueeze(1))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
 def save_atomically(path: Path, obj: Any) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(obj, tmp)
@@ -94,11 +102,7 @@ def train(workdir: Path) -> None:
 
     while epoch < EPOCHS:
         for batch in dl:
-            xs, ys = torch.tensor(batch).unbind(1)
-            loss = torch.nn.functional.mse_loss(model(xs.unsqueeze(1)), ys.unsqueeze(1))
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            train_step(model, optimizer, batch)
             seen.append((epoch, batch))
             step += 1
             print(f"step {step}", flush=True)
@@ -121,11 +125,7 @@ def reference() -> Tuple[List[Any], float]:
         dl.seed(SEED)
         for epoch in range(EPOCHS):
             for batch in dl:
-                xs, ys = torch.tensor(batch).unbind(1)
-                loss = torch.nn.functional.mse_loss(model(xs.unsqueeze(1)), ys.unsqueeze(1))
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
+                train_step(model, optimizer, batch)
                 seen.append((epoch, batch))
     return seen, model.weight.item()
 
