@@ -110,6 +110,19 @@ STRUCTURE = (
 )
 
 
+def svg_start(width: float, height: float, title: str, title_y: int) -> List[str]:
+    """The opening lines of a diagram: canvas, arrow head, white background, centred title."""
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
+        '<defs><marker id="arrow" markerWidth="10" markerHeight="8" refX="9" refY="4" orient="auto">'
+        '<path d="M0,0 L10,4 L0,8 z" fill="#333"/></marker></defs>',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{width / 2}" y="{title_y}" text-anchor="middle" font-size="14" font-weight="bold">'
+        f"{html.escape(title)}</text>",
+    ]
+
+
 def render_structure(
     title: str,
     processes: Sequence[Tuple[str, Sequence[Tuple[str, str]]]],
@@ -121,15 +134,7 @@ def render_structure(
     width = xs[-1] + box_w + LEFT
     top = 50
     height = top + max(heights) + 40 + 22 * len(links)
-    out: List[str] = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
-        '<defs><marker id="arrow" markerWidth="10" markerHeight="8" refX="9" refY="4" orient="auto">'
-        '<path d="M0,0 L10,4 L0,8 z" fill="#333"/></marker></defs>',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{width / 2}" y="24" text-anchor="middle" font-size="14" font-weight="bold">'
-        f"{html.escape(title)}</text>",
-    ]
+    out = svg_start(width, height, title, title_y=24)
     for (name, classes), x, h in zip(processes, xs, heights):
         out.append(
             f'<rect x="{x}" y="{top}" width="{box_w}" height="{h}" rx="6" fill="#f7f7f7" stroke="#666"/>'
@@ -160,15 +165,7 @@ def render(title: str, participants: Sequence[str], steps: Sequence[Step]) -> st
     x = {name: LEFT + COLUMN_W // 2 + i * COLUMN_W for i, name in enumerate(participants)}
     width = LEFT * 2 + COLUMN_W * len(participants)
     height = TOP + ROW_H * (len(steps) + 1) + 20
-    out: List[str] = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
-        '<defs><marker id="arrow" markerWidth="10" markerHeight="8" refX="9" refY="4" orient="auto">'
-        '<path d="M0,0 L10,4 L0,8 z" fill="#333"/></marker></defs>',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{width / 2}" y="22" text-anchor="middle" font-size="14" font-weight="bold">'
-        f"{html.escape(title)}</text>",
-    ]
+    out = svg_start(width, height, title, title_y=22)
     for name, cx in x.items():
         out.append(
             f'<rect x="{cx - 75}" y="34" width="150" height="24" rx="4" fill="#e8eef7" stroke="#4a6fa5"/>'
