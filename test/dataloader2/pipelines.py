@@ -6,7 +6,7 @@ import os
 import random
 import signal
 import time
-from typing import Any, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List
 
 import numpy
 import torch
@@ -364,6 +364,22 @@ def gone(pids: List[int]) -> bool:
 def kept_per_worker(dl: Any) -> List[int]:
     """Per worker, how many batches of digests and graph states the main process keeps."""
     return [stream.kept_entries for stream in dl.reading_service._runtime.consumer.streams]
+
+
+def credit_outstanding(dl: Any) -> List[int]:
+    """Per worker, the credit the main process granted beyond what it handed on: how far the
+    worker may run ahead of the user right now."""
+    return [s.credit.granted - s.handed_on for s in dl.reading_service._runtime.consumer.streams]
+
+
+def snapshot_when(dl: Any, done: Callable[[List[Any]], bool], timeout_s: float = 30) -> List[Any]:
+    """``dl``'s snapshot once ``done`` holds for it, or the last one after ``timeout_s`` (a
+    worker reaches what its credit allows in its own time; each snapshot is a round trip)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        snaps = dl.reading_service.snapshot()
+        if done(snaps) or time.monotonic() > deadline:
+            return snaps
 
 
 def credit_window_of(dl: Any) -> int:

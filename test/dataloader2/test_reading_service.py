@@ -17,6 +17,7 @@ from pipelines import (
     gone,
     pipeline,
     rs,
+    snapshot_when,
     take,
     tiny,
     worker_processes,
@@ -300,9 +301,7 @@ def test_snapshot_a_hundred_times_in_a_row(make_dl: Any) -> None:
     it = iter(dl)
     take(it, 3)
     # The workers have the credit for all their 10 items: once they produced them, nothing moves.
-    deadline = time.monotonic() + 30
-    while not all(s.exhausted for s in dl.reading_service.snapshot()) and time.monotonic() < deadline:
-        pass
+    snapshot_when(dl, lambda snaps: all(s.exhausted for s in snaps))
     snaps = [dl.reading_service.snapshot() for _ in range(100)]
     assert all(s == snaps[0] for s in snaps), "nothing moves between back-to-back snapshots"
     assert_consistent(snaps[-1], 2, delivered=3)

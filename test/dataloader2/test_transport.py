@@ -6,7 +6,19 @@ import time
 from typing import Any
 
 import pytest
-from pipelines import gone, megabyte, pipeline, rs, stuck_at_5, take, tiny, worker_processes
+from pipelines import (
+    credit_outstanding,
+    credit_window_of,
+    gone,
+    megabyte,
+    pipeline,
+    rs,
+    snapshot_when,
+    stuck_at_5,
+    take,
+    tiny,
+    worker_processes,
+)
 from torchdata.datapipes.iter import IterableWrapper
 
 from torchdata_snapshot import BatchingOptions, WorkerTimeoutError
@@ -30,17 +42,11 @@ def test_batching_changes_the_messages_not_the_data(make_dl: Any) -> None:
         assert s.sent / s.batches >= 8, f"items travel in batches, got {s.sent} in {s.batches} messages"
 
 
-COUNT_WINDOW = 10 + 10 + 1  # rs(1)'s prefetch counts: worker, main, the item asked for
-
-
 def settled_lead(dl: Any, at_least: int) -> int:
     """How far the worker is ahead of the user, once it is at least ``at_least`` ahead (bounded
     wait): its credit stops it there."""
-    deadline = time.monotonic() + 30
-    while True:
-        (s,) = dl.reading_service.snapshot()
-        if s.produced - s.handed_on >= at_least or time.monotonic() > deadline:
-            return s.produced - s.handed_on
+    (s,) = snapshot_when(dl, lambda snaps: snaps[0].produced - snaps[0].handed_on >= at_least)
+    return s.produced - s.handed_on
 
 
 def test_small_items_run_ahead_further_than_the_prefetch_counts(make_dl: Any) -> None:
@@ -58,9 +64,9 @@ def test_items_holding_shared_memory_stay_within_the_prefetch_counts(make_dl: An
     dl = make_dl(IterableWrapper(range(400)).sharding_filter().map(megabyte), rs(1))
     it = iter(dl)
     take(it, 100)
-    (stream,) = dl.reading_service._runtime.consumer.streams
-    assert stream.credit.granted - stream.handed_on <= COUNT_WINDOW
-    assert settled_lead(dl, at_least=COUNT_WINDOW // 2) <= COUNT_WINDOW
+    window = credit_window_of(dl)  # the prefetch counts: 10 + 10 + 1
+    assert all(outstanding <= window for outstanding in credit_outstanding(dl))
+    assert settled_lead(dl, at_least=window // 2) <= window
 
 
 def test_one_item_per_message_when_asked(make_dl: Any) -> None:
