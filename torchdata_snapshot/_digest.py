@@ -25,7 +25,7 @@ import hashlib
 import struct
 import sys
 import zlib
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict
 
 __all__ = ["CHAIN_START", "SAMPLE_BYTES", "chain", "chain_hex", "item_digest", "parse_chain_hex"]
 
@@ -129,42 +129,20 @@ def _sample(h: Any, data: memoryview) -> None:
         h.update(data[-SAMPLE_BYTES:])
 
 
-def _contiguous_bytes(t: Any) -> Optional[memoryview]:
-    """A contiguous CPU tensor's data as bytes, without a copy (``None`` for other tensors, and
-    where numpy has no such dtype). Sampled, it feeds exactly what the general path feeds, in
-    a fifth of the time (8 us instead of 23 for 1 MB: the sole digest of ``num_workers=0``)."""
-    if t.device.type != "cpu" or not t.is_contiguous() or t.is_conj() or t.is_neg():
-        return None
-    if t.numel() == 0 or SAMPLE_BYTES % t.element_size():
-        return None
-    try:
-        return memoryview(t.detach().numpy()).cast("B")
-    except (TypeError, ValueError, RuntimeError):
-        return None
-
-
 def _feed_tensor(h: Any, t: Any) -> None:
     import torch
 
     h.update(b"t" + str(t.dtype).encode() + str(tuple(t.shape)).encode())
     if t.layout != torch.strided or t.is_quantized or t.device.type == "meta":
         return
-    data = _contiguous_bytes(t)
-    if data is not None:
-        _sample(h, data)
-        return
     flat = t.detach().resolve_conj().resolve_neg().reshape(-1)  # lazy views have no raw bytes
     if flat.numel() == 0:
         return
     if flat.device.type != "cpu":
         flat = flat.cpu()
-    per_end = max(1, SAMPLE_BYTES // max(1, flat.element_size()))
-    parts = [flat] if flat.numel() <= 2 * per_end else [flat[:per_end], flat[-per_end:]]
-    for part in parts:
-        part = part.contiguous()
-        if part.dtype == torch.bool:
-            part = part.to(torch.uint8)
-        h.update(part.view(torch.uint8).numpy().tobytes())
+    # Its bytes, read in place when the tensor is contiguous (a copy of 1 MB cost 13 us of 23);
+    # every element size divides SAMPLE_BYTES, so both ends are whole elements.
+    _sample(h, memoryview(flat.contiguous().view(torch.uint8).numpy()))
 
 
 def _feed_ndarray(h: Any, a: Any) -> None:
