@@ -164,16 +164,15 @@ class WorkerConsumer(IterDataPipe):
         with links.lock:
             links.check_open()
             links.epoch = epoch  # from here on, responses of older epochs are stale
-            links.seed_generators, links.iter_reset_fn = seed_generators, iter_reset_fn
+            requests = [ResetEpochRequest(epoch, seed, iter_reset_fn) for seed in seed_generators]
+            links.reset_requests = requests
             for stream in self.streams:
                 stream.restarts = 0
             # The streams are at the epoch's beginning from here on: a worker found dead during
             # the reset (or the replay of a restore) is replaced at that position.
             self._start_streams([WorkerPosition()] * self.num_workers, next_worker=0)
             links.in_epoch = True
-            links.request_all(
-                lambda i: ResetEpochRequest(epoch, seed_generators[i], iter_reset_fn), ResetEpochResponse
-            )
+            links.request_all(requests.__getitem__, ResetEpochResponse)
 
     def replay(self, positions: Sequence[WorkerPosition], next_worker: int) -> None:
         """Restore: worker ``i`` replays (and drops) the ``positions[i].delivered`` items the user

@@ -9,7 +9,7 @@ outstanding. The data is exactly what the dead worker would have sent.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Type
+from typing import Callable, List, Tuple, Type
 
 from torchdata_snapshot._channel import Channel
 from torchdata_snapshot._errors import ProtocolError, WorkerDiedError
@@ -46,12 +46,12 @@ class WorkerReplacer:
         stream: WorkerStream,
         death: WorkerDiedError,
         epoch: int,
-        seed_generators: Sequence[Any],
-        iter_reset_fn: Optional[Callable],
+        reset: ResetEpochRequest,
         paused: bool,
     ) -> None:
-        """Give ``stream`` a new worker at the stream's position in ``epoch``; raise ``death``'s
-        error again, saying so, once the worker has been replaced too often this epoch."""
+        """Give ``stream`` a new worker, reset by ``reset`` (the epoch's request for this worker)
+        and brought to the stream's position in ``epoch``; raise ``death``'s error again, saying
+        so, once the worker has been replaced too often this epoch."""
         stream.restarts += 1
         if stream.restarts > self.restarts_allowed:
             raise WorkerDiedError(
@@ -60,7 +60,7 @@ class WorkerReplacer:
         stream.channel.close()
         stream.channel = self.respawn(stream.worker_id)
         steps: List[Tuple[Request, Type[Response]]] = [
-            (ResetEpochRequest(epoch, seed_generators[stream.worker_id], iter_reset_fn), ResetEpochResponse),
+            (reset, ResetEpochResponse),
             (replay_request(epoch, stream.position(stream.received)), ReplayResponse),
         ]
         if paused:

@@ -72,8 +72,7 @@ class WorkerLinks:
         self.broken: Optional[str] = None
         # The epoch's streams are set up (its reset has begun): a dead worker may be replaced.
         self.in_epoch = False
-        self.seed_generators: Sequence[Any] = ()
-        self.iter_reset_fn: Optional[Callable] = None
+        self.reset_requests: Sequence[ResetEpochRequest] = ()  # the epoch's, one per worker
 
     def check_open(self) -> None:
         if self.closed:
@@ -229,7 +228,7 @@ class WorkerLinks:
         assert self.replacer is not None
         try:
             self.replacer.replace(
-                stream, death, self.epoch, self.seed_generators, self.iter_reset_fn, self.paused
+                stream, death, self.epoch, self.reset_requests[stream.worker_id], self.paused
             )
         except BaseException as e:
             self.broken = f"restarting worker {stream.worker_id} failed: {type(e).__name__}: {e}"
