@@ -27,12 +27,21 @@ Keys (``Checkpoint.to_plain()``)::
                                "digest": the stream's running digest after them, or None,
                                "state": its graph state after an earlier item, or None:
                                         {"position": that item (1 <= position < delivered),
-                                         "blob": bytes, "digest": running digest there, or None}}
+                                         "blob": bytes, "digest": running digest there, or None},
+                               "taken": elements its sharding filter had taken when the last of
+                                        them was yielded, or None (not counted)}
     next_worker   the worker the round-robin asks next
+    sharding      {"world_size": W, "rank": r}: the ranks DistributedReadingService sharded over
+                  (1 and 0 without it), or None (unknown: upgraded from version 2)
+    remaining     what earlier elastic resumes of this epoch had delivered: one list of taken
+                  counts per resume, one count per sharding instance (see ``_elastic``)
+    ranks         every rank's per-worker "taken", by rank (``gather_elastic_state``), or None
+                  (not gathered; a job of one rank does not need it)
     checksum      digest of all the above; any change to the state is detected
 
-Digests are ``None`` where replay verification was off, or nothing was delivered. Version 1
-(marks: the digest of one item per message) is read and upgraded, without digests.
+Digests are ``None`` where replay verification was off, or nothing was delivered. Versions 1
+(marks: the digest of one item per message) and 2 (no sharding positions) are read and
+upgraded, without digests (1) and without what elastic resume needs (1 and 2).
 """
 
 from __future__ import annotations
@@ -59,7 +68,7 @@ __all__ = [
 ]
 
 FORMAT = "torchdata_snapshot.MultiProcessingReadingService"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 #: Where the run stood: no epoch started yet, in an epoch, or the epoch's end reached the user.
 Status = Literal["idle", "in_epoch", "finished"]
@@ -83,24 +92,32 @@ _KEYS = (
     "digest",
     "workers",
     "next_worker",
+    "sharding",
+    "remaining",
+    "ranks",
     "checksum",
 )
+_KEYS_V2 = tuple(key for key in _KEYS if key not in ("sharding", "remaining", "ranks"))
 
 #: The top-level keys of each format version this module reads (older ones are upgraded).
 _READABLE_KEYS = {
-    1: tuple("mark" if key == "digest" else key for key in _KEYS),
+    1: tuple("mark" if key == "digest" else key for key in _KEYS_V2),
+    2: _KEYS_V2,
     FORMAT_VERSION: _KEYS,
 }
+_WORKER_KEYS = {"delivered", "digest", "state", "taken"}
 
 
 @dataclass(frozen=True)
 class WorkerPosition:
     """How far the user got into one worker's stream: ``delivered`` items, the stream's running
-    ``digest`` after them, and the latest captured ``state`` of the worker's graph before them."""
+    ``digest`` after them, the latest captured ``state`` of the worker's graph before them, and
+    the elements its sharding filter had ``taken`` when the last of them was yielded."""
 
     delivered: int = 0
     digest: Optional[str] = None
     state: Optional[GraphState] = None
+    taken: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +134,10 @@ class Checkpoint:
     digest: Optional[str] = None
     workers: Tuple[WorkerPosition, ...] = field(default_factory=tuple)
     next_worker: int = 0
+    #: ``(world_size, rank)`` of the sharding, ``None`` if unknown (upgraded from version 2).
+    sharding: Optional[Tuple[int, int]] = (1, 0)
+    remaining: Tuple[Tuple[int, ...], ...] = ()
+    ranks: Optional[Tuple[Tuple[Optional[int], ...], ...]] = None
 
     def to_plain(self) -> Dict[str, Any]:
         plain: Dict[str, Any] = {
@@ -137,10 +158,16 @@ class Checkpoint:
                     "state": None
                     if w.state is None
                     else {"position": w.state[0], "blob": w.state[1], "digest": w.state[2]},
+                    "taken": w.taken,
                 }
                 for w in self.workers
             ],
             "next_worker": self.next_worker,
+            "sharding": None
+            if self.sharding is None
+            else {"world_size": self.sharding[0], "rank": self.sharding[1]},
+            "remaining": [list(level) for level in self.remaining],
+            "ranks": None if self.ranks is None else [list(rank) for rank in self.ranks],
         }
         plain["checksum"] = _checksum(plain)
         return plain
@@ -181,21 +208,26 @@ class Checkpoint:
             )
         if version == 1:
             state = _upgrade_from_v1(state)
+        if version <= 2:
+            state = _upgrade_from_v2(state)
         num_workers = _count(state, "num_workers")
         workers = state["workers"]
         if not isinstance(workers, list) or len(workers) != num_workers:
             raise InvalidCheckpointError(f"'workers' must list {num_workers} positions, got {workers!r}")
         positions = []
         for i, w in enumerate(workers):
-            if not isinstance(w, dict) or set(w) != {"delivered", "digest", "state"}:
+            if not isinstance(w, dict) or set(w) != _WORKER_KEYS:
                 raise InvalidCheckpointError(
-                    f"workers[{i}] must have 'delivered', 'digest' and 'state', got {w!r}"
+                    f"workers[{i}] must have 'delivered', 'digest', 'state' and 'taken', got {w!r:.300}"
                 )
             delivered = _count(w, "delivered", f"workers[{i}]")
             graph_state = _graph_state(w["state"], f"workers[{i}]")
             if graph_state is not None and graph_state[0] > delivered:
                 raise InvalidCheckpointError(f"the state of workers[{i}] is ahead of what the user received")
-            positions.append(WorkerPosition(delivered, _digest(w["digest"], f"workers[{i}]"), graph_state))
+            taken = None if w["taken"] is None else _count(w, "taken", f"workers[{i}]")
+            positions.append(
+                WorkerPosition(delivered, _digest(w["digest"], f"workers[{i}]"), graph_state, taken)
+            )
         status = state["status"]
         if status not in STATUSES:
             raise InvalidCheckpointError(f"'status' must be one of {STATUSES}, got {status!r}")
@@ -224,6 +256,15 @@ class Checkpoint:
                 f"'delivered' ({delivered}) must be what the workers' streams delivered, "
                 f"{sum(p.delivered for p in positions)}"
             )
+        sharding, ranks = _sharding(state["sharding"]), _ranks(state["ranks"], num_workers)
+        if ranks is not None and (
+            sharding is None
+            or len(ranks) != sharding[0]
+            or list(ranks[sharding[1]]) != [p.taken for p in positions]
+        ):
+            raise InvalidCheckpointError(
+                "'ranks' must list every rank's sharding positions, this rank's as in 'workers'"
+            )
         return cls(
             num_workers=num_workers,
             fingerprint=state["fingerprint"],
@@ -235,16 +276,30 @@ class Checkpoint:
             digest=_digest(state["digest"], "the state"),
             workers=tuple(positions),
             next_worker=next_worker,
+            sharding=sharding,
+            remaining=_remaining(state["remaining"]),
+            ranks=ranks,
         )
 
-    def check_fits(self, num_workers: int, fingerprint: str) -> None:
-        """Raise :class:`IncompatibleCheckpointError` unless this state fits the given service."""
+    def check_fits(self, num_workers: int, fingerprint: str, sharding: Tuple[int, int] = (1, 0)) -> None:
+        """Raise :class:`IncompatibleCheckpointError` unless this state fits the given service
+        (``sharding``: its ``(world_size, rank)``)."""
         if self.num_workers != num_workers:
             raise IncompatibleCheckpointError(
                 f"the checkpoint was taken with num_workers={self.num_workers}, this reading service has "
                 f"num_workers={num_workers}: each worker's position belongs to its shard, so the number of "
                 "workers cannot change on restore (prefetch counts and the start method can)"
             )
+        if self.sharding is not None and self.sharding[0] != sharding[0]:
+            raise IncompatibleCheckpointError(
+                f"the checkpoint was taken with world_size={self.sharding[0]}, this job has "
+                f"world_size={sharding[0]}: each rank's position belongs to its shard, so the world size "
+                "cannot change on restore"
+            )
+        self.check_graph(fingerprint)
+
+    def check_graph(self, fingerprint: str) -> None:
+        """Raise :class:`IncompatibleCheckpointError` unless the state belongs to this graph."""
         if self.fingerprint != fingerprint:
             raise IncompatibleCheckpointError(
                 f"the checkpoint was taken with another pipeline (structure fingerprint {self.fingerprint}, "
@@ -285,6 +340,59 @@ def _graph_state(value: Any, where: str) -> Optional[GraphState]:
             f"the state of {where} must be {{'position': int >= 1, 'blob': bytes, 'digest': str or None}}"
         )
     return (value["position"], value["blob"], _digest(value["digest"], f"the state of {where}"))
+
+
+def _sharding(value: Any) -> Optional[Tuple[int, int]]:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"world_size", "rank"}:
+        raise InvalidCheckpointError(
+            f"'sharding' must be {{'world_size': int, 'rank': int}} or None, got {value!r:.200}"
+        )
+    world_size, rank = _count(value, "world_size", "'sharding'"), _count(value, "rank", "'sharding'")
+    if not rank < world_size:
+        raise InvalidCheckpointError(f"'sharding': rank {rank} is not below world_size {world_size}")
+    return world_size, rank
+
+
+def _counts(value: Any, where: str, length: Optional[int] = None, optional: bool = False) -> Tuple[Any, ...]:
+    """A list of non-negative ints (or ``None`` where ``optional``), of ``length`` if given."""
+    if (
+        not isinstance(value, list)
+        or (length is not None and len(value) != length)
+        or not all((optional and v is None) or (_is_int(v) and v >= 0) for v in value)
+    ):
+        wanted = f"{length} " if length is not None else ""
+        raise InvalidCheckpointError(
+            f"{where} must be a list of {wanted}non-negative ints, got {value!r:.200}"
+        )
+    return tuple(value)
+
+
+def _remaining(value: Any) -> Tuple[Tuple[int, ...], ...]:
+    if not isinstance(value, list):
+        raise InvalidCheckpointError(f"'remaining' must be a list, got {value!r:.200}")
+    levels = tuple(_counts(level, f"remaining[{i}]") for i, level in enumerate(value))
+    if any(not level for level in levels):
+        raise InvalidCheckpointError("'remaining' lists an elastic resume with no sharding instance")
+    return levels
+
+
+def _ranks(value: Any, num_workers: int) -> Optional[Tuple[Tuple[Optional[int], ...], ...]]:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value:
+        raise InvalidCheckpointError(f"'ranks' must be a non-empty list or None, got {value!r:.200}")
+    return tuple(_counts(rank, f"ranks[{r}]", num_workers, optional=True) for r, rank in enumerate(value))
+
+
+def _upgrade_from_v2(state: Dict[str, Any]) -> Dict[str, Any]:
+    """A version-2 state in version 3's schema: no sharding positions (no elastic resume)."""
+    upgraded = {**state, "version": FORMAT_VERSION, "sharding": None, "remaining": [], "ranks": None}
+    workers = state["workers"]
+    if isinstance(workers, list):
+        upgraded["workers"] = [{**w, "taken": None} if isinstance(w, dict) else w for w in workers]
+    return upgraded
 
 
 def _upgrade_from_v1(state: Dict[str, Any]) -> Dict[str, Any]:

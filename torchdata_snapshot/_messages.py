@@ -247,13 +247,16 @@ class ItemsResponse(Response):
     (see :class:`~torchdata_snapshot._channel.ItemEncoder`). With replay verification on,
     ``digests`` holds the stream's running digest after each of them, as ``count`` native
     unsigned 64-bit integers (``array("Q")``; see :mod:`torchdata_snapshot._digest`). ``shared``
-    counts the items that hold shared memory (tensors), whose size the payload does not tell."""
+    counts the items that hold shared memory (tensors), whose size the payload does not tell.
+    ``taken`` holds, per item, how many elements the graph's sharding filter had taken when it
+    was yielded (``array("q")``; see :mod:`torchdata_snapshot._elastic`), when counted."""
 
     epoch: int
     count: int
     payload: bytes
     digests: Optional[bytes] = None
     shared: int = 0
+    taken: Optional[bytes] = None
 
 
 @dataclass(frozen=True)

@@ -66,12 +66,9 @@ class Outbox:
 
     # --- producer side --------------------------------------------------------------------------
 
-    def put_item(
-        self, epoch: int, payload: bytes, digest: Optional[int] = None, shared: bool = False
-    ) -> None:
-        """Queue a pickled item, with the stream's running digest after it (or ``None``) and
-        whether it holds shared memory."""
-        self._put(QueuedItem(epoch, payload, digest, shared))
+    def put_item(self, item: QueuedItem) -> None:
+        """Queue a pickled item (with what travels beside it: see :class:`QueuedItem`)."""
+        self._put(item)
 
     def put(self, message: Any) -> None:
         """Queue a message after everything queued before it."""

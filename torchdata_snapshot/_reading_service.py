@@ -11,7 +11,8 @@ NOTE [ Snapshot protocol ] (:mod:`torchdata_snapshot._messages`).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, List, Optional, Type, TypeVar, Union
+from dataclasses import replace
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar, Union
 
 import torch.multiprocessing as mp
 from torchdata.dataloader2 import reading_service as upstream
@@ -38,11 +39,18 @@ from torchdata_snapshot._options import (
     _check_count,
 )
 from torchdata_snapshot._outlet import Outlet
+from torchdata_snapshot._remaining import sharding_layout, sharding_point
 from torchdata_snapshot._seeds import advance_epoch_seed, load_seed_state, seed_state
 from torchdata_snapshot._worker_pool import WorkerPool
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
 __all__ = ["MultiProcessingReadingService"]
+
+
+def _sharding_of(datapipe: DataPipe) -> Tuple[int, int]:
+    """``(world_size, rank)`` the graph's sharding filter was given (``(1, 0)`` without one)."""
+    sf = sharding_point(datapipe)
+    return (1, 0) if sf is None else sharding_layout(sf)
 
 
 def _shut_down_when_broken(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -185,6 +193,7 @@ class MultiProcessingReadingService(
         self._epoch = NO_EPOCH
         self._epoch_seed: Optional[dict] = None  # SeedGenerator state at the start of the epoch
         self._fingerprint = ""
+        self._sharding = (1, 0)  # (world_size, rank) of the graph's sharding filter
         self._pending_restore: Optional[Checkpoint] = None  # set by restore(), used by the next epoch
         self._paused = False
         self._initialized = False
@@ -211,6 +220,7 @@ class MultiProcessingReadingService(
         if self._initialized:
             raise ReadingServiceError("initialize() was already called on this reading service")
         self._fingerprint = graph_fingerprint(datapipe)
+        self._sharding = _sharding_of(datapipe)
         runtime: Union[InProcess, WorkerPool]
         if self.num_workers:
             options = WorkerOptions(
@@ -300,9 +310,8 @@ class MultiProcessingReadingService(
         outlet, runtime = self._outlet, self._runtime
         if outlet is None or runtime is None or self._epoch < 0:
             workers = (WorkerPosition(),) * self.num_workers
-            return Checkpoint(
-                self.num_workers, self._fingerprint, epoch=self._epoch, workers=workers
-            ).to_plain()
+            idle = Checkpoint(self.num_workers, self._fingerprint, epoch=self._epoch, workers=workers)
+            return replace(idle, sharding=self._sharding).to_plain()
         positions = outlet.positions
         return Checkpoint(
             num_workers=self.num_workers,
@@ -315,6 +324,7 @@ class MultiProcessingReadingService(
             digest=None if positions is not None else outlet.digest,
             workers=runtime.worker_positions(positions),
             next_worker=0 if positions is None else positions.next_worker,
+            sharding=self._sharding,
         ).to_plain()
 
     def restore(self, datapipe: DataPipe, serialized_state: Any) -> DataPipe:
@@ -329,8 +339,12 @@ class MultiProcessingReadingService(
         if self._finalized:
             raise ReadingServiceClosedError("the reading service was shut down; create a new one")
         state = Checkpoint.from_plain(serialized_state)
-        if state.num_workers != self.num_workers or state.status != "idle":
-            state.check_fits(self.num_workers, graph_fingerprint(datapipe))
+        sharding = _sharding_of(datapipe)
+        same_layout = state.num_workers == self.num_workers and (
+            state.sharding is None or state.sharding[0] == sharding[0]
+        )
+        if state.status != "idle" or not same_layout:
+            state.check_fits(self.num_workers, graph_fingerprint(datapipe), sharding)
         end = self.initialize(datapipe)
         self._epoch = state.epoch - 1 if state.status == "in_epoch" else state.epoch
         self._pending_restore = state if state.status == "in_epoch" else None

@@ -97,6 +97,8 @@ __all__ = [
     "make_resumable",
     "register_state_functions",
     "reset_graph_state",
+    "sharding_taken",
+    "sharding_taken_before",
     "unresumable_datapipe",
 ]
 
@@ -464,10 +466,21 @@ class ResumableFileLister(Resumable):
 _SHIFTED: weakref.WeakKeyDictionary[ShardingFilterIterDataPipe, Tuple[int, int]] = weakref.WeakKeyDictionary()
 
 
+def sharding_taken(sf: ShardingFilterIterDataPipe) -> int:
+    """How many items the filter yielded this epoch (torch's iterator hook counts them), also
+    across a resume from a loaded state."""
+    return sharding_taken_before(sf) + samples_yielded(sf)
+
+
+def sharding_taken_before(sf: ShardingFilterIterDataPipe) -> int:
+    """How many items the filter yielded this epoch before its current iteration started (those
+    of a loaded state): :func:`sharding_taken` minus what torch's hook counts."""
+    shifted = _SHIFTED.get(sf)
+    return shifted[1] if shifted is not None else 0
+
+
 def _sharding_state(sf: ShardingFilterIterDataPipe) -> Dict[str, Any]:
-    """How many items the filter yielded this epoch (torch's iterator hook counts them)."""
-    base = _SHIFTED[sf][1] if sf in _SHIFTED else 0
-    return {"yielded": base + samples_yielded(sf)}
+    return {"yielded": sharding_taken(sf)}
 
 
 def _sharding_load(sf: ShardingFilterIterDataPipe, state: Dict[str, Any]) -> None:

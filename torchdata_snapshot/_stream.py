@@ -39,14 +39,21 @@ __all__ = [
 
 class QueuedItem:
     """An item pickled by its producer, waiting to be sent, with the stream's running digest
-    after it (``None`` when digests are off) and whether it shares memory with the reader."""
+    after it (``None`` when digests are off), whether it shares memory with the reader, and the
+    elements its graph's sharding filter had taken when it was yielded (``None``: not counted,
+    see :mod:`torchdata_snapshot._elastic`)."""
 
-    __slots__ = ("epoch", "payload", "digest", "shared")
+    __slots__ = ("epoch", "payload", "digest", "shared", "taken")
 
     def __init__(
-        self, epoch: int, payload: bytes, digest: Optional[int] = None, shared: bool = False
+        self,
+        epoch: int,
+        payload: bytes,
+        digest: Optional[int] = None,
+        shared: bool = False,
+        taken: Optional[int] = None,
     ) -> None:
-        self.epoch, self.payload, self.digest, self.shared = epoch, payload, digest, shared
+        self.epoch, self.payload, self.digest, self.shared, self.taken = epoch, payload, digest, shared, taken
 
 
 def take_batch(queue: Deque[Any], max_items: int, max_bytes: int) -> List[QueuedItem]:
@@ -68,12 +75,18 @@ def take_batch(queue: Deque[Any], max_items: int, max_bytes: int) -> List[Queued
 
 
 def items_message(batch: List[QueuedItem]) -> ItemsResponse:
-    """One message for a batch of items of one epoch, with their running digests if kept."""
-    digests = None
-    if batch[0].digest is not None:
+    """One message for a batch of items of one epoch, with their running digests and sharding
+    positions if kept."""
+    first = batch[0]
+    digests = taken = None
+    if first.digest is not None:
         digests = array("Q", [cast(int, entry.digest) for entry in batch]).tobytes()
+    if first.taken is not None:
+        taken = array("q", [cast(int, entry.taken) for entry in batch]).tobytes()
     payload = b"".join(entry.payload for entry in batch)
-    return ItemsResponse(batch[0].epoch, len(batch), payload, digests, sum(entry.shared for entry in batch))
+    return ItemsResponse(
+        first.epoch, len(batch), payload, digests, sum(entry.shared for entry in batch), taken
+    )
 
 
 # --- receiving ------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import warnings
 from typing import Any, List, Optional, Tuple
 
 import torch
-from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
 from torchdata.dataloader2.graph import DataPipe, find_dps, replace_dp, traverse_dps
 from torchdata.dataloader2.utils import WorkerInfo
 
@@ -31,6 +31,7 @@ from torchdata_snapshot._compat import (
     extract_wrapper,
     find_non_dispatching_branches,
     process_reset_fn,
+    samples_yielded,
 )
 from torchdata_snapshot._constants import (
     LIVENESS_CHECK_INTERVAL_S,
@@ -62,6 +63,7 @@ from torchdata_snapshot._messages import (
 )
 from torchdata_snapshot._options import WorkerOptions
 from torchdata_snapshot._outbox import Outbox
+from torchdata_snapshot._remaining import sharding_point
 from torchdata_snapshot._replay import replay
 from torchdata_snapshot._serving import ServingLoop
 from torchdata_snapshot._stateful import (
@@ -69,8 +71,10 @@ from torchdata_snapshot._stateful import (
     load_graph_state,
     make_resumable,
     reset_graph_state,
+    sharding_taken_before,
     unresumable_datapipe,
 )
+from torchdata_snapshot._stream import QueuedItem
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
 __all__ = [
@@ -128,6 +132,9 @@ class WorkerLoop(ServingLoop):
         healthy = self.init_error is None
         self._graph: List[Tuple[str, DataPipe]] = graph_datapipes(self.datapipe) if healthy else []
         self._sources: List[DispatchedSource] = find_dispatched_sources(self.datapipe) if healthy else []
+        # The sharding point whose position each item carries (see torchdata_snapshot._elastic).
+        self._sharding = self._find_sharding_point() if healthy else None
+        self._taken_before = 0  # sharding_taken_before(self._sharding), read once per iteration
 
     # --- main loop ------------------------------------------------------------------------------
 
@@ -209,7 +216,8 @@ class WorkerLoop(ServingLoop):
             self.credit -= 1
             if self.digest is not None:
                 self.digest = chain(self.digest, item)
-            self.outbox.put_item(self.epoch, payload, self.digest, self.encoder.shared)
+            taken = None if self._sharding is None else self._taken_before + samples_yielded(self._sharding)
+            self.outbox.put_item(QueuedItem(self.epoch, payload, self.digest, self.encoder.shared, taken))
             if self.stateful and self.pacer.due(self.produced):
                 self._capture_state()
             if time.perf_counter() >= deadline:
@@ -248,6 +256,9 @@ class WorkerLoop(ServingLoop):
     def _datapipes(self) -> List[DataPipe]:
         return [dp for _, dp in self._graph]
 
+    def _find_sharding_point(self) -> Optional[ShardingFilterIterDataPipe]:
+        return None if self._sources else sharding_point(self.datapipe)
+
     # --- handlers -------------------------------------------------------------------------------
 
     def _on_reset_epoch(self, request: ResetEpochRequest) -> None:
@@ -262,6 +273,7 @@ class WorkerLoop(ServingLoop):
             request.iter_reset_fn,
             self.options.custom_reset_fn,
         )
+        self._sharding, self._taken_before = self._find_sharding_point(), 0
         self._graph = graph_datapipes(self.datapipe)
         self.epoch = request.epoch
         for source in self._sources:
@@ -283,6 +295,8 @@ class WorkerLoop(ServingLoop):
             start, blob = request.state
             load_graph_state(self._graph, blob)
             self.iterator = iter(self.datapipe)  # starts from the loaded states
+            if self._sharding is not None:
+                self._taken_before = sharding_taken_before(self._sharding)
             # The digest carries on from the state's position, if the checkpoint knows it there.
             known = self.digest is not None and request.state_digest is not None
             self.digest = parse_chain_hex(request.state_digest) if known else None  # type: ignore[arg-type]

@@ -21,8 +21,39 @@ from torchdata_snapshot._stream import END, Credit, Raised, file_response, small
 
 __all__ = ["WorkerStream"]
 
-#: Bytes of one running digest in ``ItemsResponse.digests``.
-_DIGEST_SIZE = array("Q").itemsize
+
+class ItemLog:
+    """A number per received item (``array`` type ``typecode``), kept as the messages brought
+    them: ``(position of the first item, packed numbers)``; :meth:`at` reads one back."""
+
+    def __init__(self, typecode: str) -> None:
+        self.typecode = typecode
+        self.size = array(typecode).itemsize
+        self.entries: Deque[Tuple[int, bytes]] = deque()
+
+    def clear(self, position: int = 0, value: Optional[int] = None) -> None:
+        """Forget everything; ``value``, if given, is the number known at ``position``."""
+        self.entries.clear()
+        if value is not None:
+            self.entries.append((position, array(self.typecode, [value]).tobytes()))
+
+    def append(self, first: int, packed: Optional[bytes]) -> None:
+        if packed is not None:
+            self.entries.append((first, packed))
+
+    def at(self, position: int) -> Optional[int]:
+        """The number of the ``position``-th item, if kept."""
+        for first, packed in self.entries:
+            index = position - first
+            if 0 <= index < len(packed) // self.size:
+                return array(self.typecode, packed[index * self.size : (index + 1) * self.size])[0]
+        return None
+
+    def prune(self, kept: int) -> None:
+        """Drop the messages wholly before position ``kept`` (but the last one)."""
+        entries = self.entries
+        while len(entries) > 1 and entries[0][0] + len(entries[0][1]) // self.size <= kept:
+            entries.popleft()
 
 
 class WorkerStream:
@@ -51,7 +82,8 @@ class WorkerStream:
         self.credit = Credit(window)
         self.exhausted = True  # nothing to read before the first epoch
         self.restarts = 0  # replacements of the worker this epoch
-        self._digests: Deque[Tuple[int, bytes]] = deque()  # (position of first item, packed digests)
+        self._digests = ItemLog("Q")  # running digests
+        self._taken = ItemLog("q")  # sharding positions (see torchdata_snapshot._elastic)
         self._states: Deque[GraphState] = deque()
 
     def start(self, position: WorkerPosition) -> None:
@@ -62,10 +94,9 @@ class WorkerStream:
         self.credit = Credit(self.window, granted=done)  # grown by the epoch's first small items
         self._item_bytes, self._shared = 0, False
         self.exhausted = False
-        self._digests.clear()
-        if position.digest is not None:  # known at the restored position, as if received
-            packed = array("Q", [parse_chain_hex(position.digest)]).tobytes()
-            self._digests.append((done, packed))
+        # Known at the restored position, as if received:
+        self._digests.clear(done, None if position.digest is None else parse_chain_hex(position.digest))
+        self._taken.clear(done, position.taken if done else 0)
         self._states.clear()
         if position.state is not None:
             self._states.append(position.state)
@@ -80,8 +111,8 @@ class WorkerStream:
         if added is not None:
             if added:
                 assert isinstance(response, ItemsResponse)
-                if response.digests is not None:
-                    self._digests.append((first, response.digests))
+                self._digests.append(first, response.digests)
+                self._taken.append(first, response.taken)
                 self.received += added
                 self._item_bytes = max(self._item_bytes, len(response.payload) // added)
                 self._shared = self._shared or response.shared > 0
@@ -118,11 +149,8 @@ class WorkerStream:
 
     def digest_at(self, position: int) -> Optional[str]:
         """The running digest after the ``position``-th item of the stream, if kept."""
-        for first, packed in self._digests:
-            index = position - first
-            if 0 <= index < len(packed) // _DIGEST_SIZE:
-                return chain_hex(array("Q", packed[index * _DIGEST_SIZE : (index + 1) * _DIGEST_SIZE])[0])
-        return None
+        digest = self._digests.at(position)
+        return None if digest is None else chain_hex(digest)
 
     def state_before(self, position: int) -> Optional[GraphState]:
         """The latest graph state captured strictly before ``position``: a restore from it
@@ -132,21 +160,19 @@ class WorkerStream:
 
     def position(self, at: int) -> WorkerPosition:
         """What a fresh worker needs to be brought to item ``at`` of this stream."""
-        return WorkerPosition(at, self.digest_at(at), self.state_before(at))
+        return WorkerPosition(at, self.digest_at(at), self.state_before(at), self._taken.at(at))
 
     def prune(self, kept: int) -> None:
         """Positions before ``kept`` will not be asked for any more: drop what only they need."""
-        while (
-            len(self._digests) > 1 and self._digests[0][0] + len(self._digests[0][1]) // _DIGEST_SIZE <= kept
-        ):
-            self._digests.popleft()
+        self._digests.prune(kept)
+        self._taken.prune(kept)
         while len(self._states) > 1 and self._states[1][0] < kept:
             self._states.popleft()
 
     @property
     def kept_entries(self) -> int:
         """How many batches of digests and graph states are kept (memory does not grow with k)."""
-        return len(self._digests) + len(self._states)
+        return len(self._digests.entries) + len(self._taken.entries) + len(self._states)
 
 
 def replay_request(epoch: int, position: WorkerPosition) -> ReplayRequest:

@@ -53,6 +53,7 @@ LAYOUT: Dict[str, str] = {
     "_worker_snapshot": "torchdata/dataloader2/worker_snapshot.py",
     "_serving": "torchdata/dataloader2/utils/serving.py",
     "_capture": "torchdata/dataloader2/utils/capture.py",
+    "_remaining": "torchdata/dataloader2/utils/remaining.py",
     "_dispatch": "torchdata/dataloader2/utils/snapshot_dispatch.py",
     "_worker": "torchdata/dataloader2/utils/snapshot_worker.py",
     "_seeds": "torchdata/dataloader2/random/seed_state.py",
@@ -145,8 +146,9 @@ SERIES: Tuple[Commit, ...] = (
         "[DataLoader2] Add worker and dispatching loops that answer GetStateRequest",
         "One serving loop per process maps each request type to its handler; the worker produces\n"
         "under credit and answers between two items, so a snapshot is consistent without a pause\n"
-        "round trip; the dispatching process deals item j to worker j % N.",
-        ("_worker_snapshot", "_serving", "_capture", "_dispatch", "_worker"),
+        "round trip; the dispatching process deals item j to worker j % N. Each item carries how\n"
+        "many elements the sharding filter had taken when it was yielded.",
+        ("_worker_snapshot", "_serving", "_capture", "_dispatch", "_remaining", "_worker"),
         ("test_worker.py", "test_dispatch.py", "test_capture.py"),
     ),
     Commit(

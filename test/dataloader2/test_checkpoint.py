@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import pickle
+from dataclasses import replace
 from typing import Any, Callable, Dict
 
 import pytest
@@ -32,10 +33,13 @@ def example(**changes: Any) -> Checkpoint:
         seed=seed_state(SeedGenerator(1)),
         delivered=7,
         workers=(
-            WorkerPosition(4, "00ff00ff00ff00ff", (2, b"\x80\x05}.", "0123456789abcdef")),
-            WorkerPosition(3, None),
+            WorkerPosition(4, "00ff00ff00ff00ff", (2, b"\x80\x05}.", "0123456789abcdef"), 9),
+            WorkerPosition(3, None, None, 6),
         ),
         next_worker=0,
+        sharding=(2, 1),
+        remaining=((3, 0, 5),),
+        ranks=((8, None), (9, 6)),
     )
     fields.update(changes)
     return Checkpoint(**fields)
@@ -94,8 +98,8 @@ def corrupt(edit: Callable[[Dict[str, Any]], Any], keep_checksum: bool = False) 
         ([1, 2], "must be a dict, got list"),
         (corrupt(lambda s: s.update(format="something else")), "not a torchdata_snapshot checkpoint"),
         (
-            corrupt(lambda s: s.update(version=3)),
-            "format version 3; this torchdata_snapshot reads versions 1, 2",
+            corrupt(lambda s: s.update(version=4)),
+            "format version 4; this torchdata_snapshot reads versions 1, 2, 3",
         ),
         (corrupt(lambda s: s.update(version=[1])), "format version \\[1\\]; this torchdata_snapshot"),
         (corrupt(lambda s: s.update(version=True)), "format version True; this torchdata_snapshot"),
@@ -139,15 +143,18 @@ def test_invalid_states_are_refused_with_the_reason(state: Any, match: str) -> N
         Checkpoint.from_plain(state)
 
 
-def test_a_state_for_another_num_workers_or_pipeline_does_not_fit() -> None:
+def test_a_state_for_another_num_workers_world_size_or_pipeline_does_not_fit() -> None:
     state = example()
-    state.check_fits(2, "0123456789abcdef")
+    state.check_fits(2, "0123456789abcdef", (2, 0))
     with pytest.raises(
-        IncompatibleCheckpointError, match="num_workers=2, this reading service has num_workers=4"
+        IncompatibleCheckpointError,
+        match="num_workers=2, this reading service has num_workers=4",
     ):
-        state.check_fits(4, "0123456789abcdef")
+        state.check_fits(4, "0123456789abcdef", (2, 1))
+    with pytest.raises(IncompatibleCheckpointError, match="world_size=2, this job has world_size=3"):
+        state.check_fits(2, "0123456789abcdef", (3, 1))
     with pytest.raises(IncompatibleCheckpointError, match="another pipeline"):
-        state.check_fits(2, "fedcba9876543210")
+        state.check_fits(2, "fedcba9876543210", (2, 1))
 
 
 def build(fn: Any = double) -> Any:
@@ -169,7 +176,8 @@ def version_1(plain: Dict[str, Any]) -> Dict[str, Any]:
     """``plain`` as the first format wrote it: one mark (position, item digest) instead of digests."""
     from torchdata_snapshot._checkpoint import _checksum
 
-    old = {key: value for key, value in plain.items() if key not in ("digest", "checksum")}
+    dropped = ("digest", "checksum", "sharding", "remaining", "ranks")
+    old = {key: value for key, value in plain.items() if key not in dropped}
     old["version"] = 1
     old["mark"] = None
     old["workers"] = [
@@ -192,7 +200,32 @@ def test_a_version_1_state_is_upgraded_without_digests() -> None:
     assert [w.digest for w in upgraded.workers] == [None, None], "version 1's marks digest one item only"
     assert upgraded.workers[0].state == (2, b"\x80\x05}.", None)
     assert upgraded.delivered == 7 and upgraded.seed == example().seed
+    assert upgraded.sharding is None and upgraded.ranks is None and upgraded.remaining == ()
+    assert [w.taken for w in upgraded.workers] == [None, None]
     tampered = version_1(example().to_plain())
     tampered["delivered"] = 8
     with pytest.raises(InvalidCheckpointError, match="checksum does not match"):
         Checkpoint.from_plain(tampered)
+
+
+def version_2(plain: Dict[str, Any]) -> Dict[str, Any]:
+    """``plain`` as the second format wrote it: no sharding positions."""
+    from torchdata_snapshot._checkpoint import _checksum
+
+    old = {
+        key: value
+        for key, value in plain.items()
+        if key not in ("checksum", "sharding", "remaining", "ranks")
+    }
+    old["version"] = 2
+    old["workers"] = [{key: value for key, value in w.items() if key != "taken"} for w in plain["workers"]]
+    old["checksum"] = _checksum(old)
+    return old
+
+
+def test_a_version_2_state_is_upgraded_without_sharding_positions() -> None:
+    upgraded = Checkpoint.from_plain(version_2(example().to_plain()))
+    assert upgraded.workers == tuple(replace(w, taken=None) for w in example().workers)
+    assert upgraded.sharding is None and upgraded.ranks is None and upgraded.remaining == ()
+    assert upgraded.digest == example().digest and upgraded.delivered == 7
+    upgraded.check_fits(2, "0123456789abcdef", (5, 3)), "the world size of a version-2 state is unknown"

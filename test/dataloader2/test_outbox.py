@@ -21,6 +21,7 @@ from torchdata_snapshot._channel import (
 )
 from torchdata_snapshot._constants import LIVENESS_CHECK_INTERVAL_S
 from torchdata_snapshot._outbox import Outbox
+from torchdata_snapshot._stream import QueuedItem
 
 
 @pytest.fixture
@@ -54,10 +55,10 @@ def read_all(channel: Channel) -> List[Any]:
 def test_items_and_messages_are_written_in_the_order_they_were_queued(outbox_pair: Any) -> None:
     outbox, channel = outbox_pair()
     outbox.start_epoch(0)
-    outbox.put_item(0, payload("a"))
+    outbox.put_item(QueuedItem(0, payload("a")))
     outbox.put(m.PauseResponse())
-    outbox.put_item(0, payload("b"))
-    outbox.put_item(0, payload("c"))
+    outbox.put_item(QueuedItem(0, payload("b")))
+    outbox.put_item(QueuedItem(0, payload("c")))
     outbox.drain()
     written = read_all(channel)
     assert isinstance(written[0], m.ItemsResponse) and ItemDecoder.decode(1, written[0].payload) == ["a"]
@@ -89,10 +90,10 @@ def test_what_accumulated_during_a_write_goes_out_as_one_bounded_message() -> No
     outbox = Outbox(blocking, BatchingOptions(max_items=4), "worker 0")  # type: ignore[arg-type]
     try:
         outbox.start_epoch(0)
-        outbox.put_item(0, payload(0))
+        outbox.put_item(QueuedItem(0, payload(0)))
         assert blocking.entered.wait(10)
         for x in range(1, 10):
-            outbox.put_item(0, payload(x), digest=x)
+            outbox.put_item(QueuedItem(0, payload(x), digest=x))
         blocking.release.set()
         outbox.drain()
         counts = [r.count for r in read_all(channel)]
@@ -110,10 +111,10 @@ def test_a_batch_closes_once_it_holds_max_bytes() -> None:
     outbox = Outbox(blocking, BatchingOptions(max_items=64, max_bytes=250), "worker 0")  # type: ignore[arg-type]
     try:
         outbox.start_epoch(0)
-        outbox.put_item(0, b"x")
+        outbox.put_item(QueuedItem(0, b"x"))
         assert blocking.entered.wait(10)
         for _ in range(6):
-            outbox.put_item(0, bytes(100))
+            outbox.put_item(QueuedItem(0, bytes(100)))
         blocking.release.set()
         outbox.drain()
         assert [len(r.payload) for r in read_all(channel)] == [1, 300, 300]
@@ -129,7 +130,7 @@ def test_running_digests_travel_with_their_items(outbox_pair: Any) -> None:
     outbox, channel = outbox_pair(BatchingOptions(max_items=2))
     outbox.start_epoch(0)
     for x in range(3):
-        outbox.put_item(0, payload(x), digest=100 + x)
+        outbox.put_item(QueuedItem(0, payload(x), digest=100 + x))
     outbox.drain()
     assert [d for r in read_all(channel) for d in array("Q", r.digests)] == [100, 101, 102]
 
@@ -140,13 +141,13 @@ def test_a_new_epoch_drops_unwritten_items_of_the_old_one_but_not_messages() -> 
     outbox = Outbox(blocking, BatchingOptions(), "worker 0")  # type: ignore[arg-type]
     try:
         outbox.start_epoch(0)
-        outbox.put_item(0, payload("written"))
+        outbox.put_item(QueuedItem(0, payload("written")))
         assert blocking.entered.wait(10)
-        outbox.put_item(0, payload("dropped"))
+        outbox.put_item(QueuedItem(0, payload("dropped")))
         outbox.put(m.ResetEpochResponse(1))
         threading.Timer(0.05, blocking.release.set).start()  # start_epoch waits for the write
         outbox.start_epoch(1, sent=5)
-        outbox.put_item(1, payload("new"))
+        outbox.put_item(QueuedItem(1, payload("new")))
         outbox.drain()
         written = read_all(channel)
         assert [type(r).__name__ for r in written] == ["ItemsResponse", "ResetEpochResponse", "ItemsResponse"]
@@ -163,7 +164,7 @@ def test_drain_does_not_wait_forever_for_a_training_process_that_is_gone(outbox_
     outbox, channel = outbox_pair()
     outbox.endpoint.parent = ParentWatch(-1)  # not our parent: as if it had died
     outbox.start_epoch(0)
-    outbox.put_item(0, bytes(4 << 20))  # larger than any pipe buffer: the write blocks
+    outbox.put_item(QueuedItem(0, bytes(4 << 20)))  # larger than any pipe buffer: the write blocks
     start = time.monotonic()
     with pytest.raises(ParentGone):
         outbox.drain()
@@ -174,7 +175,7 @@ def test_close_writes_what_is_queued_then_stops_the_thread(outbox_pair: Any) -> 
     outbox, channel = outbox_pair()
     outbox.start_epoch(0)
     for x in range(5):
-        outbox.put_item(0, payload(x))
+        outbox.put_item(QueuedItem(0, payload(x)))
     outbox.close(timeout_s=10)
     assert not outbox._thread.is_alive()
     assert [x for r in read_all(channel) for x in ItemDecoder.decode(r.count, r.payload)] == list(range(5))
@@ -184,7 +185,7 @@ def test_once_the_reader_is_gone_every_put_says_so(outbox_pair: Any) -> None:
     outbox, channel = outbox_pair()
     outbox.start_epoch(0)
     channel.close()
-    outbox.put_item(0, payload(1))  # the thread finds the pipe closed at this write
+    outbox.put_item(QueuedItem(0, payload(1)))  # the thread finds the pipe closed at this write
     outbox.drain()  # returns: nothing can be written any more
     with pytest.raises(ParentGone):
-        outbox.put_item(0, payload(2))
+        outbox.put_item(QueuedItem(0, payload(2)))

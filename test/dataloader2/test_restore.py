@@ -105,6 +105,23 @@ def test_the_main_process_keeps_no_digests_or_states_behind_what_it_may_need(
     assert all(kept <= 2 * window for kept in kept_per_worker(dl))
 
 
+@pytest.mark.parametrize(("shape", "per_item"), [("uneven_filter", None), ("batch", 3)])
+def test_the_state_records_how_many_elements_each_sharding_filter_had_taken(
+    make_dl: Any, shape: str, per_item: Any
+) -> None:
+    """At the user's position in each worker's stream: what elastic resume starts from."""
+    dl = make_dl(pipeline(shape, 90), rs(2))
+    take(iter(dl), 7)
+    workers = dl.state_dict()["reading_service_state"]["workers"]
+    delivered = [w["delivered"] for w in workers]
+    if per_item is not None:  # batch(3): three elements per item
+        expected = [per_item * d for d in delivered]
+    else:  # filters drop elements: the position is that of the last delivered item's element
+        kept = [[j for j, x in enumerate(range(i, 90, 2)) if x % 3 and x % 2 == 0] for i in range(2)]
+        expected = [kept[i][d - 1] + 1 if d else 0 for i, d in enumerate(delivered)]
+    assert [w["taken"] for w in workers] == expected and sum(delivered) == 7
+
+
 def test_another_num_workers_is_refused_before_any_process_starts(make_dl: Any) -> None:
     dl = make_dl(tiny(20), rs(2))
     take(iter(dl), 3)

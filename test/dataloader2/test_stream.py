@@ -79,3 +79,18 @@ def test_a_shrunk_window_grants_nothing_until_half_of_it_is_outstanding() -> Non
     credit.window = 21  # larger items came
     assert credit.top_up(400) == 0  # 112 outstanding
     assert credit.top_up(502) == 11  # 10 outstanding: topped up to 21
+
+
+def counted(*taken: int) -> ItemsResponse:
+    """A message of ``len(taken)`` items with their sharding positions, as a worker sends it."""
+    return items_message([QueuedItem(0, pickle.dumps(i), None, False, t) for i, t in enumerate(taken)])
+
+
+def test_items_carry_their_sharding_positions_into_the_users_positions() -> None:
+    assert items_message([QueuedItem(0, pickle.dumps(1))]).taken is None, "not counted: nothing travels"
+    stream = stream_after(counted(3, 3, 7), counted(9))
+    assert [stream.position(at).taken for at in range(5)] == [0, 3, 3, 7, 9]
+    stream.prune(4)
+    assert stream.position(4).taken == 9, "pruning keeps what the user's position needs"
+    stream.start(WorkerPosition(4, None, None, 9))  # a restored position
+    assert stream.file(counted(12), epoch=0) and [stream.position(at).taken for at in (4, 5)] == [9, 12]
