@@ -283,18 +283,20 @@ class Checkpoint:
 
     def check_fits(self, num_workers: int, fingerprint: str, sharding: Tuple[int, int] = (1, 0)) -> None:
         """Raise :class:`IncompatibleCheckpointError` unless this state fits the given service
-        (``sharding``: its ``(world_size, rank)``)."""
+        (``sharding``: its ``(world_size, rank)``) for an exact resume."""
         if self.num_workers != num_workers:
             raise IncompatibleCheckpointError(
                 f"the checkpoint was taken with num_workers={self.num_workers}, this reading service has "
-                f"num_workers={num_workers}: each worker's position belongs to its shard, so the number of "
-                "workers cannot change on restore (prefetch counts and the start method can)"
+                f"num_workers={num_workers}: each worker's position belongs to its shard, so an exact resume "
+                "keeps the number of workers (prefetch counts and the start method can change); "
+                "MultiProcessingReadingService(..., elastic=True) resumes the epoch with another number"
             )
         if self.sharding is not None and self.sharding[0] != sharding[0]:
             raise IncompatibleCheckpointError(
                 f"the checkpoint was taken with world_size={self.sharding[0]}, this job has "
-                f"world_size={sharding[0]}: each rank's position belongs to its shard, so the world size "
-                "cannot change on restore"
+                f"world_size={sharding[0]}: each rank's position belongs to its shard, so an exact resume "
+                "keeps the world size; MultiProcessingReadingService(..., elastic=True) resumes the epoch "
+                "with another one"
             )
         self.check_graph(fingerprint)
 

@@ -9,7 +9,7 @@ restore replays the epoch in the main process (see :mod:`torchdata_snapshot._out
 from __future__ import annotations
 
 import os
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from torchdata.dataloader2.graph import DataPipe, set_graph_random_seed
 from torchdata.dataloader2.random import SeedGenerator
@@ -43,7 +43,9 @@ class InProcess:
         seed_generator: SeedGenerator,
         iter_reset_fn: Optional[Callable],
         resume: Optional[Checkpoint],
+        remaining: Tuple[Any, ...] = (),
     ) -> None:
+        assert not remaining, "an elastic epoch needs worker processes"
         if self.rng is not None:
             with self.rng.active():
                 process_reset_fn(outlet, WorkerInfo(1, 0), seed_generator.spawn(0))

@@ -174,11 +174,14 @@ class Response(upstream.Response):
 
 @dataclass(frozen=True)
 class ResetEpochRequest(Request):
-    """Start epoch ``epoch``: seed the graph, reset its iterator, then wait for ``GetNextRequest``."""
+    """Start epoch ``epoch``: seed the graph, reset its iterator, then wait for ``GetNextRequest``.
+    ``remaining`` (an epoch resumed elastically) says which elements of the epoch remain for the
+    sharding filter to deal (see :mod:`torchdata_snapshot._elastic`)."""
 
     epoch: int
     seed_generator: Any
     iter_reset_fn: Optional[Callable[[Any], Any]] = None
+    remaining: Tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)

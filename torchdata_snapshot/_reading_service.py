@@ -11,7 +11,6 @@ NOTE [ Snapshot protocol ] (:mod:`torchdata_snapshot._messages`).
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar, Union
 
 import torch.multiprocessing as mp
@@ -25,7 +24,9 @@ from torchdata_snapshot._checkpoint import Checkpoint, WorkerPosition, graph_fin
 from torchdata_snapshot._compat import calling_dataloader2_is_seeded
 from torchdata_snapshot._constants import JOIN_TIMEOUT_S, NO_EPOCH
 from torchdata_snapshot._consumer import credit_window
+from torchdata_snapshot._elastic import elastic_refusal, replicable_branch, resume_levels
 from torchdata_snapshot._errors import (
+    IncompatibleCheckpointError,
     ReadingServiceClosedError,
     ReadingServiceError,
 )
@@ -39,7 +40,7 @@ from torchdata_snapshot._options import (
     _check_count,
 )
 from torchdata_snapshot._outlet import Outlet
-from torchdata_snapshot._remaining import sharding_layout, sharding_point
+from torchdata_snapshot._remaining import Level, sharding_layout, sharding_point
 from torchdata_snapshot._seeds import advance_epoch_seed, load_seed_state, seed_state
 from torchdata_snapshot._worker_pool import WorkerPool
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
@@ -125,6 +126,10 @@ class MultiProcessingReadingService(
             draws never change the data and a restored epoch replays exactly. Swapping the
             states costs about 130 us, so items are produced ahead (up to 256, or 2 ms' worth)
             within one swap: about 10% of a tiny item's cost. ``False`` is upstream's behaviour.
+        elastic: let a restore resume an epoch checkpointed with another ``num_workers`` (or,
+            under ``DistributedReadingService``, another world size): the rest of the epoch
+            delivers each element the user had not received exactly once, dealt over the new
+            workers (see the docs' elastic resume page). Without it such a checkpoint is refused.
     """
 
     def __init__(
@@ -140,6 +145,7 @@ class MultiProcessingReadingService(
         restore: Optional[RestoreOptions] = None,
         faults: Optional[FaultOptions] = None,
         isolate_rng: bool = True,
+        elastic: bool = False,
         verify_replay: bool = _UNSET,
         state_interval: int = _UNSET,
         stateful: Optional[bool] = _UNSET,
@@ -180,6 +186,7 @@ class MultiProcessingReadingService(
             restart_dead_workers=restart_dead_workers,
         )
         self.isolate_rng = bool(isolate_rng)
+        self.elastic = bool(elastic)
         self._reset_runtime()
 
     def _reset_runtime(self) -> None:
@@ -194,6 +201,7 @@ class MultiProcessingReadingService(
         self._epoch_seed: Optional[dict] = None  # SeedGenerator state at the start of the epoch
         self._fingerprint = ""
         self._sharding = (1, 0)  # (world_size, rank) of the graph's sharding filter
+        self._remaining: Tuple[Level, ...] = ()  # the epoch resumed elastically (see _elastic)
         self._pending_restore: Optional[Checkpoint] = None  # set by restore(), used by the next epoch
         self._paused = False
         self._initialized = False
@@ -275,8 +283,9 @@ class MultiProcessingReadingService(
             load_seed_state(seed_generator, resume.seed)
         self._epoch_seed = seed_state(seed_generator)
         advance_epoch_seed(seed_generator)
+        self._remaining = () if resume is None else tuple(map(Level, resume.remaining))
         assert self._runtime is not None
-        self._runtime.start_epoch(outlet, self._epoch, seed_generator, iter_reset_fn, resume)
+        self._runtime.start_epoch(outlet, self._epoch, seed_generator, iter_reset_fn, resume, self._remaining)
         outlet.start_epoch_at(self._epoch, resume)
         return None
 
@@ -310,8 +319,13 @@ class MultiProcessingReadingService(
         outlet, runtime = self._outlet, self._runtime
         if outlet is None or runtime is None or self._epoch < 0:
             workers = (WorkerPosition(),) * self.num_workers
-            idle = Checkpoint(self.num_workers, self._fingerprint, epoch=self._epoch, workers=workers)
-            return replace(idle, sharding=self._sharding).to_plain()
+            return Checkpoint(
+                self.num_workers,
+                self._fingerprint,
+                epoch=self._epoch,
+                workers=workers,
+                sharding=self._sharding,
+            ).to_plain()
         positions = outlet.positions
         return Checkpoint(
             num_workers=self.num_workers,
@@ -325,6 +339,7 @@ class MultiProcessingReadingService(
             workers=runtime.worker_positions(positions),
             next_worker=0 if positions is None else positions.next_worker,
             sharding=self._sharding,
+            remaining=tuple(level.taken for level in self._remaining),
         ).to_plain()
 
     def restore(self, datapipe: DataPipe, serialized_state: Any) -> DataPipe:
@@ -334,21 +349,50 @@ class MultiProcessingReadingService(
         (:class:`~torchdata_snapshot.InvalidCheckpointError`,
         :class:`~torchdata_snapshot.IncompatibleCheckpointError`). The epoch in progress restarts
         with its recorded seeds and each worker replays, inside its process, the items the user
-        already received (from its latest captured graph state, when it has one).
+        already received (from its latest captured graph state, when it has one). With
+        ``elastic=True``, a state taken with another ``num_workers`` or world size restarts the
+        epoch over the elements the user had not received (see :mod:`torchdata_snapshot._elastic`).
         """
         if self._finalized:
             raise ReadingServiceClosedError("the reading service was shut down; create a new one")
         state = Checkpoint.from_plain(serialized_state)
-        sharding = _sharding_of(datapipe)
+        sharding, fingerprint = _sharding_of(datapipe), graph_fingerprint(datapipe)
         same_layout = state.num_workers == self.num_workers and (
             state.sharding is None or state.sharding[0] == sharding[0]
         )
-        if state.status != "idle" or not same_layout:
-            state.check_fits(self.num_workers, graph_fingerprint(datapipe), sharding)
+        if state.status == "idle" and same_layout:
+            pass  # nothing of an epoch to resume
+        elif same_layout or not self.elastic:
+            state.check_fits(self.num_workers, fingerprint, sharding)
+        else:
+            state.check_graph(fingerprint)
+            if state.status == "in_epoch":
+                state = self._elastic_start(datapipe, state, sharding)
         end = self.initialize(datapipe)
         self._epoch = state.epoch - 1 if state.status == "in_epoch" else state.epoch
         self._pending_restore = state if state.status == "in_epoch" else None
         return end
+
+    def _elastic_start(self, datapipe: DataPipe, state: Checkpoint, sharding: Tuple[int, int]) -> Checkpoint:
+        """The start of ``state``'s epoch for this service's configuration, dealing only the
+        elements the user had not received (see :mod:`torchdata_snapshot._elastic`)."""
+        refusal = "elastic resume needs worker processes (num_workers >= 1)" if not self.num_workers else None
+        refusal = refusal or elastic_refusal(datapipe, replicable_branch(datapipe))
+        if refusal is not None:
+            raise IncompatibleCheckpointError(
+                f"the epoch cannot resume with another number of workers or ranks: {refusal}"
+            )
+        levels = resume_levels(state)
+        return Checkpoint(
+            num_workers=self.num_workers,
+            fingerprint=state.fingerprint,
+            epoch=state.epoch,
+            status="in_epoch",
+            seed=state.seed,
+            workers=(WorkerPosition(taken=0),) * self.num_workers,
+            sharding=sharding,
+            remaining=tuple(level.taken for level in levels),
+        )
 
     # --- pause / resume / limit (upstream semantics) ------------------------------------------
 

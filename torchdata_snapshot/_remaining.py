@@ -1,27 +1,106 @@
-"""The sharding point of a worker's graph, whose position every item a worker sends carries.
+"""What remains of an epoch resumed elastically: the elements its sharding filter deals.
 
 The elements of an epoch are those entering the graph's sharding point (its one
 ``sharding_filter``), in their pre-sharding order ``j = 0, 1, ...``; instance ``i`` of ``n``
 (``i = rank * num_workers + worker_id`` under ``DistributedReadingService``) takes those with
 ``j % n == i``. Each worker counts, for every item it yields, how many elements its sharding
 filter had taken (:func:`~torchdata_snapshot._stateful.sharding_taken`); a checkpoint keeps that
-count at the user's position.
+count at the user's position. An epoch resumed with another configuration runs again from its
+seeds with :class:`Remaining` right below the sharding filter: it drops the elements the user
+had received, and the sharding filter deals the others round-robin over the new instances. One
+:class:`Level` per elastic resume in the same epoch describes what was delivered before it, as
+positions in the sequence that remained after the levels before it. When this is exact is the
+subject of :mod:`torchdata_snapshot._elastic`.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
 from torchdata.dataloader2.graph import DataPipe, find_dps, traverse_dps
 
-__all__ = ["sharding_layout", "sharding_point"]
+from torchdata_snapshot._stateful import Resumable
+
+__all__ = ["Level", "Remaining", "set_remaining", "sharding_layout", "sharding_point"]
+
+
+@dataclass(frozen=True)
+class Level:
+    """What the user had received when an epoch was resumed elastically: ``taken[i]`` elements
+    of instance ``i`` of ``len(taken)``, counted in the sequence the instances shared."""
+
+    taken: Tuple[int, ...]
+
+    @property
+    def instances(self) -> int:
+        return len(self.taken)
+
+
+class _Sieve:
+    """Decides, element by element, whether it remains after one :class:`Level`, and maps the
+    elements that do to their position in the remaining sequence."""
+
+    def __init__(self, level: Level) -> None:
+        self.n = level.instances
+        self.taken = level.taken
+        self.total = sum(level.taken)
+        self.edge = max(level.taken, default=0) * self.n  # every delivered element lies before it
+
+    def position(self, j: int) -> Optional[int]:
+        """``None`` if element ``j`` was delivered, else its index among the remaining ones."""
+        if j >= self.edge:
+            return j - self.total
+        n = self.n
+        if j // n < self.taken[j % n]:
+            return None
+        # Delivered elements before j: of instance w, those with index < j, at most taken[w].
+        return j - sum(min(t, max(0, (j - w + n - 1) // n)) for w, t in enumerate(self.taken))
+
+
+class Remaining(Resumable):
+    """The elements of ``source`` that remain after ``levels``, in order (see the module
+    docstring). Its state is how many elements of ``source`` it went through."""
+
+    STATE = {"index": int}
+
+    def __init__(self, source: DataPipe, levels: Sequence[Level]) -> None:
+        self.source = source
+        self.levels = tuple(levels)
+        self._index = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._take_pending()
+        self._index = state["index"] if state else 0
+        sieves = [_Sieve(level) for level in self.levels]
+        for item in self.source:
+            position: Optional[int] = self._index
+            self._index += 1
+            for sieve in sieves:
+                position = sieve.position(position)  # type: ignore[arg-type]
+                if position is None:
+                    break
+            else:
+                yield item
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"index": self._index}
 
 
 def sharding_point(datapipe: DataPipe) -> Optional[ShardingFilterIterDataPipe]:
     """The graph's one sharding filter, or ``None`` if it has none or several."""
     found = find_dps(traverse_dps(datapipe), ShardingFilterIterDataPipe)
     return found[0] if len(found) == 1 else None
+
+
+def set_remaining(sf: ShardingFilterIterDataPipe, levels: Sequence[Level]) -> None:
+    """Put a :class:`Remaining` for ``levels`` right below ``sf`` (replacing one put there
+    before); without levels, take it away."""
+    source = sf.source_datapipe
+    if isinstance(source, Remaining):
+        source = source.source
+    sf.source_datapipe = Remaining(source, levels) if levels else source
 
 
 def sharding_layout(sf: ShardingFilterIterDataPipe) -> Tuple[int, int]:

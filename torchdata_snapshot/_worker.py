@@ -63,7 +63,7 @@ from torchdata_snapshot._messages import (
 )
 from torchdata_snapshot._options import WorkerOptions
 from torchdata_snapshot._outbox import Outbox
-from torchdata_snapshot._remaining import sharding_point
+from torchdata_snapshot._remaining import set_remaining, sharding_point
 from torchdata_snapshot._replay import replay
 from torchdata_snapshot._serving import ServingLoop
 from torchdata_snapshot._stateful import (
@@ -274,6 +274,10 @@ class WorkerLoop(ServingLoop):
             self.options.custom_reset_fn,
         )
         self._sharding, self._taken_before = self._find_sharding_point(), 0
+        if self._sharding is not None:
+            set_remaining(self._sharding, request.remaining)
+        elif request.remaining:
+            raise ProtocolError(f"{self.name}: an elastic epoch needs the graph's one sharding filter")
         self._graph = graph_datapipes(self.datapipe)
         self.epoch = request.epoch
         for source in self._sources:

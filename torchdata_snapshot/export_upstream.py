@@ -68,6 +68,7 @@ LAYOUT: Dict[str, str] = {
     "_launcher": "torchdata/dataloader2/utils/launcher.py",
     "_in_process": "torchdata/dataloader2/in_process.py",
     "_worker_pool": "torchdata/dataloader2/worker_pool.py",
+    "_elastic": "torchdata/dataloader2/elastic.py",
     "_reading_service": "torchdata/dataloader2/snapshot_reading_service.py",
 }
 
@@ -147,7 +148,7 @@ SERIES: Tuple[Commit, ...] = (
         "One serving loop per process maps each request type to its handler; the worker produces\n"
         "under credit and answers between two items, so a snapshot is consistent without a pause\n"
         "round trip; the dispatching process deals item j to worker j % N. Each item carries how\n"
-        "many elements the sharding filter had taken when it was yielded.",
+        "many elements the sharding filter had taken, and an elastic epoch deals only what remains.",
         ("_worker_snapshot", "_serving", "_capture", "_dispatch", "_remaining", "_worker"),
         ("test_worker.py", "test_dispatch.py", "test_capture.py"),
     ),
@@ -171,10 +172,12 @@ SERIES: Tuple[Commit, ...] = (
         "snapshot() returns one WorkerSnapshot per worker (the RFC); checkpoint()/restore() make\n"
         "DataLoader2.state_dict(), from_state() and load_state_dict() resume mid-epoch exactly, with\n"
         "prefetching on; faults end in clear exceptions. The exact-resume contract is tested against\n"
-        "an uninterrupted run in fresh processes.",
-        ("_dispatcher_client", "_launcher", "_in_process", "_worker_pool", "_reading_service"),
+        "an uninterrupted run in fresh processes. With elastic=True an epoch resumes with another\n"
+        "num_workers or world size, each remaining element exactly once.",
+        ("_dispatcher_client", "_launcher", "_in_process", "_worker_pool", "_elastic", "_reading_service"),
         (
             "test_reading_service.py",
+            "test_elastic.py",
             "test_restore.py",
             "test_stateful_restore.py",
             "test_faults.py",

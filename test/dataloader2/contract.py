@@ -104,6 +104,7 @@ class ResumeTask:
     epochs: int = 2
     take: Optional[int] = None
     prefetch: Optional[Tuple[int, int]] = None  # restore with other prefetch counts
+    options: Tuple[Tuple[str, Any], ...] = ()  # more reading-service keywords (elastic=True)
 
 
 def encode_state(state: Dict[str, Any], through: str) -> bytes:
@@ -130,9 +131,9 @@ def resume(task: ResumeTask) -> Dict[str, Any]:
 
     config = task.config
     state = decode_state(task.state, task.through)
-    overrides = {}
+    overrides = dict(task.options)
     if task.prefetch is not None:
-        overrides = dict(worker_prefetch_cnt=task.prefetch[0], main_prefetch_cnt=task.prefetch[1])
+        overrides.update(worker_prefetch_cnt=task.prefetch[0], main_prefetch_cnt=task.prefetch[1])
     rs = config.reading_service(**overrides)
     if task.via == "from_state":
         dl = DataLoader2.from_state(state, rs)

@@ -138,6 +138,13 @@ def _uneven(n: int) -> IterDataPipe:
     return IterableWrapper(range(n)).sharding_filter().filter(not_multiple_of_3).filter(is_even)
 
 
+@_register("map_filter_batch")
+def _map_filter_batch(n: int) -> IterDataPipe:
+    return (
+        IterableWrapper(range(n)).shuffle().sharding_filter().map(double).filter(not_multiple_of_3).batch(3)
+    )
+
+
 @_register("global_rng")
 def _global_rng(n: int) -> IterDataPipe:
     return IterableWrapper(range(n)).sharding_filter().map(with_global_randomness)

@@ -148,10 +148,12 @@ def test_a_state_for_another_num_workers_world_size_or_pipeline_does_not_fit() -
     state.check_fits(2, "0123456789abcdef", (2, 0))
     with pytest.raises(
         IncompatibleCheckpointError,
-        match="num_workers=2, this reading service has num_workers=4",
+        match="num_workers=2, this reading service has num_workers=4.*elastic=True.* resumes",
     ):
         state.check_fits(4, "0123456789abcdef", (2, 1))
-    with pytest.raises(IncompatibleCheckpointError, match="world_size=2, this job has world_size=3"):
+    with pytest.raises(
+        IncompatibleCheckpointError, match="world_size=2, this job has world_size=3.*elastic=True"
+    ):
         state.check_fits(2, "0123456789abcdef", (3, 1))
     with pytest.raises(IncompatibleCheckpointError, match="another pipeline"):
         state.check_fits(2, "fedcba9876543210", (2, 1))

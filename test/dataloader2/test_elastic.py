@@ -1,0 +1,208 @@
+"""Elastic resume (docs: elastic.rst): a checkpoint resumed with another ``num_workers`` and
+``elastic=True`` delivers, in the rest of its epoch, every element the user had not received,
+exactly once, in an order fixed by the checkpoint and the new configuration; the next epoch is
+the one a fresh run with the new configuration would give. Each resume runs in a fresh process.
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+from collections import Counter
+from dataclasses import replace
+from typing import Any, Dict, Iterator, List
+
+import pytest
+from contract import Config, Resumer, ResumeTask, encode_state, reference, take_states
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pipelines import kill_once_at_reset, pipeline, rs, take, tiny
+from torchdata.dataloader2 import DataLoader2
+
+from torchdata_snapshot import IncompatibleCheckpointError
+
+#: Pipeline shapes whose epochs resume elastically (see pipelines.py).
+ELASTIC_SHAPES = ["shuffle_before_sharding", "batch", "uneven_filter", "global_rng", "map_filter_batch"]
+
+ELASTIC = (("elastic", True),)
+
+
+@pytest.fixture(scope="module")
+def resumer() -> Iterator[Resumer]:
+    r = Resumer()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def restore() -> Iterator[Any]:
+    """``restore(state, reading_service)``: ``DataLoader2.from_state``, shut down after the test."""
+    created: List[DataLoader2] = []
+
+    def make(state: Dict[str, Any], reading_service: Any) -> DataLoader2:
+        created.append(DataLoader2.from_state(state, reading_service))
+        return created[-1]
+
+    yield make
+    for dl in created:
+        dl.shutdown()
+
+
+def elements(items: List[Any]) -> List[Any]:
+    """The epoch's elements the items carry: a batch carries several, ``global_rng``'s tuples
+    carry theirs first (the random numbers beside it are the worker's own)."""
+    found: List[Any] = []
+    for item in items:
+        if isinstance(item, list):
+            found.extend(elements(item))
+        else:
+            found.append(item[0] if isinstance(item, tuple) else item)
+    return found
+
+
+def resume_elastically(
+    resumer: Resumer, config: Config, k: int, num_workers: int, via: str = "from_state"
+) -> Dict[str, Any]:
+    """Take ``state_dict()`` after ``k`` items of ``config``'s epoch; resume it twice in fresh
+    processes with ``num_workers`` and ``elastic=True`` (through ``via``); check what the
+    contract promises."""
+    run, [(_, state)] = take_states(config, [k])
+    target = replace(config, num_workers=num_workers)
+    task = ResumeTask(target, encode_state(state, "pickle"), via=via, options=ELASTIC)
+    first, second = resumer.run(task), resumer.run(task)
+    assert first["epochs"] == second["epochs"], "two resumes of one checkpoint must give the same sequence"
+    epoch = run[config.epoch]
+    before, after = epoch[:k], first["epochs"][0]
+    assert Counter(elements(before + after)) == Counter(elements(epoch)), (
+        f"{config} resumed at {k} with num_workers={num_workers}: the epoch's elements are not each "
+        "delivered exactly once"
+    )
+    assert len(set(elements(epoch))) == len(elements(epoch)), "the test needs distinct elements"
+    assert first["epochs"][1] == list(reference(target, config.epoch + 2)[config.epoch + 1]), (
+        "the next epoch must be the one a fresh run with the new num_workers gives"
+    )
+    if num_workers == config.num_workers:
+        assert after == epoch[k:], "the same num_workers resumes exactly"
+    return first
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(
+    shape=st.sampled_from(ELASTIC_SHAPES),
+    old=st.integers(min_value=1, max_value=4),
+    new=st.integers(min_value=1, max_value=4),
+    prefetch=st.sampled_from([0, 1, 10]),
+    n=st.integers(min_value=0, max_value=60),
+    epoch=st.integers(min_value=0, max_value=1),
+    stateful=st.booleans(),
+    data=st.data(),
+)
+def test_any_elastic_resume_delivers_each_remaining_element_exactly_once(
+    resumer: Resumer,
+    shape: str,
+    old: int,
+    new: int,
+    prefetch: int,
+    n: int,
+    epoch: int,
+    stateful: bool,
+    data: st.DataObject,
+) -> None:
+    options = (("stateful", stateful), ("state_interval", 3))
+    config = Config(shape, old, prefetch, prefetch, n=n, epoch=epoch, rs_options=options)
+    length = len(reference(config, epoch + 3)[epoch])
+    k = data.draw(st.integers(min_value=0, max_value=length), label="k")
+    resume_elastically(resumer, config, k, new)
+
+
+@pytest.mark.parametrize("via", ["from_state", "load_state_dict"])
+@pytest.mark.parametrize("old, new", [(1, 4), (4, 1), (2, 3), (3, 2)])
+def test_more_and_fewer_workers_at_the_middle_of_an_epoch(
+    resumer: Resumer, old: int, new: int, via: str
+) -> None:
+    config = Config("map_filter_batch", old, n=200, epoch=1)
+    length = len(reference(config, 4)[1])
+    resume_elastically(resumer, config, length // 2, new, via)
+
+
+def test_a_checkpoint_of_an_elastic_epoch_resumes_exactly_and_elastically_again(resumer: Resumer) -> None:
+    """Two elastic resumes in one epoch (2 -> 3 -> 1 workers), then an exact one (1 -> 1) from a
+    graph state captured in the elastic epoch: still every element exactly once."""
+    options = (("stateful", True), ("state_interval", 2))
+    config = Config("map_filter_batch", 2, n=300, epoch=0, rs_options=options)
+    run, [(_, first_state)] = take_states(config, [10])
+    got, state = list(run[0][:10]), encode_state(first_state, "pickle")
+    for num_workers, more in ((3, 12), (1, 7), (1, 5)):
+        task = ResumeTask(replace(config, num_workers=num_workers), state, options=ELASTIC, take=more)
+        result = resumer.run(task)
+        got += result["taken"]
+        state = result["state"]
+    rest = resumer.run(ResumeTask(replace(config, num_workers=1), state, options=ELASTIC))
+    got += rest["epochs"][0]
+    assert Counter(elements(got)) == Counter(elements(run[0]))
+
+
+@pytest.mark.parametrize(
+    "shape, culprit",
+    [
+        ("shuffle_after_sharding", "Shuffler"),
+        ("unbatch", "FlatMapper"),
+        ("sharding_under_cycle", "Cycler"),
+        ("dispatch", "sharding_round_robin_dispatch"),
+        ("non_replicable_tail", "do not hand on one item per item"),
+    ],
+)
+def test_graphs_that_would_lose_or_repeat_elements_are_refused_naming_why(
+    make_dl: Any, restore: Any, shape: str, culprit: str
+) -> None:
+    dl = make_dl(pipeline(shape, 40), rs(2))
+    take(iter(dl), 5)
+    state = dl.state_dict()
+    children = set(multiprocessing.active_children())
+    with pytest.raises(IncompatibleCheckpointError, match=culprit):
+        iter(restore(state, rs(3, elastic=True)))
+    assert set(multiprocessing.active_children()) == children, "nothing starts for a refused resume"
+
+
+def test_without_the_opt_in_another_num_workers_is_refused_naming_it(make_dl: Any, restore: Any) -> None:
+    dl = make_dl(tiny(20), rs(2))
+    take(iter(dl), 3)
+    with pytest.raises(IncompatibleCheckpointError, match=r"elastic=True\) resumes the epoch"):
+        iter(restore(dl.state_dict(), rs(3)))
+
+
+@pytest.mark.parametrize("old, new", [(0, 2), (2, 0)])
+def test_num_workers_0_does_not_resume_elastically(make_dl: Any, restore: Any, old: int, new: int) -> None:
+    dl = make_dl(tiny(20), rs(old))
+    take(iter(dl), 3)
+    with pytest.raises(IncompatibleCheckpointError, match="num_workers"):
+        iter(restore(dl.state_dict(), rs(new, elastic=True)))
+
+
+def test_a_finished_epoch_goes_on_with_the_next_one_of_the_new_configuration(
+    make_dl: Any, restore: Any
+) -> None:
+    dl = make_dl(tiny(20), rs(2))
+    list(dl)
+    resumed = restore(dl.state_dict(), rs(3, elastic=True))
+    fresh = make_dl(tiny(20), rs(3))
+    list(fresh)
+    assert list(resumed) == list(fresh)
+
+
+def test_a_worker_replaced_in_an_elastic_epoch_keeps_its_elements(
+    make_dl: Any, restore: Any, tmp_path: Any
+) -> None:
+    """A worker killed while resetting to the elastic epoch is replaced (``restart_dead_workers``)
+    and reset to the elastic epoch too: the epoch's elements are still each delivered once."""
+    epoch = list(make_dl(pipeline("map_filter_batch", 300), rs(2)))
+    dl = make_dl(pipeline("map_filter_batch", 300), rs(2))
+    before = take(iter(dl), 20)
+    state = dl.state_dict()
+    marker = tmp_path / "kill"
+    marker.touch()
+    reset_fn = functools.partial(kill_once_at_reset, str(marker))
+    with pytest.warns(RuntimeWarning, match="died .*restarting it"):
+        after = list(restore(state, rs(3, elastic=True, restart_dead_workers=1, worker_reset_fn=reset_fn)))
+    assert not marker.exists(), "no worker was killed"
+    assert Counter(elements(before + after)) == Counter(elements(epoch))

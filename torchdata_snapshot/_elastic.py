@@ -1,0 +1,113 @@
+"""Elastic resume: the rest of an epoch with another number of workers or ranks.
+
+``MultiProcessingReadingService(..., elastic=True)`` restores a checkpoint taken with another
+``num_workers`` (or world size) by running the epoch again from its seeds over the elements the
+user had not received (:mod:`torchdata_snapshot._remaining`). That is exact when what the user
+received is a prefix of each sharding instance's elements: every DataPipe between the sharding
+point and the user must hand on the items of the elements it took as soon as it can, holding
+none back across its outputs (:func:`elastic_refusal` checks the graph), and the checkpoint must
+know every instance's count, over all ranks of a distributed job.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+from torch.utils.data.datapipes.iter.callable import CollatorIterDataPipe, MapperIterDataPipe
+from torch.utils.data.datapipes.iter.grouping import BatcherIterDataPipe
+from torch.utils.data.datapipes.iter.selecting import FilterIterDataPipe
+from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
+from torchdata.dataloader2.graph import DataPipe, find_dps, traverse_dps
+
+from torchdata_snapshot._checkpoint import Checkpoint
+from torchdata_snapshot._compat import (
+    DispatchPlaceholder,
+    find_lca_round_robin_sharding_dp,
+    find_replicable_branches,
+)
+from torchdata_snapshot._errors import IncompatibleCheckpointError
+from torchdata_snapshot._graph import describe_datapipe
+from torchdata_snapshot._remaining import Level
+
+__all__ = [
+    "ELASTIC_AFTER_SHARDING",
+    "elastic_refusal",
+    "replicable_branch",
+    "resume_levels",
+]
+
+#: DataPipes that may stand between the sharding point and the user in an elastic graph: when
+#: one of them yields, it holds no element it took (a batch yields once full, and is empty then).
+ELASTIC_AFTER_SHARDING: Tuple[type, ...] = (
+    MapperIterDataPipe,
+    FilterIterDataPipe,
+    BatcherIterDataPipe,
+    CollatorIterDataPipe,
+)
+
+
+def replicable_branch(datapipe: DataPipe) -> DataPipe:
+    """The part of ``datapipe`` that worker processes run (its end), as upstream splits it."""
+    branches = find_replicable_branches(traverse_dps(datapipe))
+    return branches[0] if len(branches) == 1 else datapipe
+
+
+def elastic_refusal(datapipe: DataPipe, replicable: Optional[DataPipe] = None) -> Optional[str]:
+    """Why an epoch of ``datapipe`` cannot resume with another number of workers or ranks, or
+    ``None`` if it can.
+
+    It can when the graph has one sharding filter, no dispatching process, and between the
+    sharding filter and the end of ``replicable`` (the part the workers run: ``datapipe``
+    itself if not given) only DataPipes of :data:`ELASTIC_AFTER_SHARDING`, in a chain.
+    """
+    graph = traverse_dps(datapipe)
+    if find_lca_round_robin_sharding_dp(graph) is not None or find_dps(graph, DispatchPlaceholder):
+        return "the graph uses sharding_round_robin_dispatch, whose dispatching process is not elastic"
+    found = find_dps(graph, ShardingFilterIterDataPipe)
+    if len(found) != 1:
+        return f"the graph has {len(found)} sharding_filter DataPipes; an elastic graph has exactly one"
+    sf = found[0]
+    node = traverse_dps(replicable if replicable is not None else datapipe)
+    while True:
+        ((dp, parents),) = node.values()
+        if dp is sf:
+            return None
+        if not isinstance(dp, ELASTIC_AFTER_SHARDING) or len(parents) != 1:
+            return (
+                f"DataPipe {describe_datapipe(dp)} runs after sharding_filter: only "
+                f"{', '.join(kind.__name__ for kind in ELASTIC_AFTER_SHARDING)} may (a DataPipe that "
+                "holds elements across its outputs, such as shuffle, bucketbatch or flatmap, would "
+                "lose or repeat them when the elements are dealt to other workers)"
+            )
+        node = parents
+
+
+def resume_levels(state: Checkpoint) -> Tuple[Level, ...]:
+    """The levels of an elastic resume of ``state``'s epoch: those of earlier elastic resumes,
+    then what the user had received at ``state``, over every rank. Raises
+    :class:`IncompatibleCheckpointError` if the checkpoint does not tell."""
+    if state.replay_in_main or state.sharding is None:
+        reason = (
+            "it was taken with num_workers=0 or with DataPipes after the workers that do not hand on "
+            "one item per item (its position is replayed in the main process)"
+            if state.replay_in_main
+            else "it was taken by a version of torchdata_snapshot that did not record sharding positions"
+        )
+        raise IncompatibleCheckpointError(f"the checkpoint cannot resume elastically: {reason}")
+    world_size, _ = state.sharding
+    if world_size == 1:
+        ranks: Sequence[Sequence[Optional[int]]] = [[w.taken for w in state.workers]]
+    elif state.ranks is None:
+        raise IncompatibleCheckpointError(
+            f"the checkpoint of a job of {world_size} ranks holds only its own rank's positions, and a "
+            "rank of the new job needs every rank's"
+        )
+    else:
+        ranks = state.ranks
+    taken = [t for rank in ranks for t in rank]
+    if any(t is None for t in taken):
+        raise IncompatibleCheckpointError(
+            "the checkpoint cannot resume elastically: its workers did not count their sharding "
+            "positions (the graph has no single sharding_filter, or uses sharding_round_robin_dispatch)"
+        )
+    return (*(Level(level) for level in state.remaining), Level(tuple(taken)))  # type: ignore[arg-type]
