@@ -7,6 +7,7 @@ Swap one import::
 and every upstream behaviour keeps working, plus :meth:`MultiProcessingReadingService.snapshot`.
 """
 
+from torchdata_snapshot._elastic import gather_elastic_state
 from torchdata_snapshot._errors import (
     CheckpointError,
     IncompatibleCheckpointError,
@@ -46,5 +47,6 @@ __all__ = [
     "WorkerError",
     "WorkerSnapshot",
     "WorkerTimeoutError",
+    "gather_elastic_state",
     "register_state_functions",
 ]

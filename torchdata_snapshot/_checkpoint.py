@@ -296,7 +296,7 @@ class Checkpoint:
                 f"the checkpoint was taken with world_size={self.sharding[0]}, this job has "
                 f"world_size={sharding[0]}: each rank's position belongs to its shard, so an exact resume "
                 "keeps the world size; MultiProcessingReadingService(..., elastic=True) resumes the epoch "
-                "with another one"
+                "with another one (see torchdata_snapshot.gather_elastic_state)"
             )
         self.check_graph(fingerprint)
 

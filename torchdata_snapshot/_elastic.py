@@ -6,12 +6,14 @@ user had not received (:mod:`torchdata_snapshot._remaining`). That is exact when
 received is a prefix of each sharding instance's elements: every DataPipe between the sharding
 point and the user must hand on the items of the elements it took as soon as it can, holding
 none back across its outputs (:func:`elastic_refusal` checks the graph), and the checkpoint must
-know every instance's count, over all ranks of a distributed job.
+know every instance's count, over all ranks of a distributed job (:func:`gather_elastic_state`).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+import pickle
+from dataclasses import replace
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from torch.utils.data.datapipes.iter.callable import CollatorIterDataPipe, MapperIterDataPipe
 from torch.utils.data.datapipes.iter.grouping import BatcherIterDataPipe
@@ -19,19 +21,20 @@ from torch.utils.data.datapipes.iter.selecting import FilterIterDataPipe
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 from torchdata.dataloader2.graph import DataPipe, find_dps, traverse_dps
 
-from torchdata_snapshot._checkpoint import Checkpoint
+from torchdata_snapshot._checkpoint import FORMAT, Checkpoint
 from torchdata_snapshot._compat import (
     DispatchPlaceholder,
     find_lca_round_robin_sharding_dp,
     find_replicable_branches,
 )
-from torchdata_snapshot._errors import IncompatibleCheckpointError
+from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
 from torchdata_snapshot._graph import describe_datapipe
 from torchdata_snapshot._remaining import Level
 
 __all__ = [
     "ELASTIC_AFTER_SHARDING",
     "elastic_refusal",
+    "gather_elastic_state",
     "replicable_branch",
     "resume_levels",
 ]
@@ -99,8 +102,9 @@ def resume_levels(state: Checkpoint) -> Tuple[Level, ...]:
         ranks: Sequence[Sequence[Optional[int]]] = [[w.taken for w in state.workers]]
     elif state.ranks is None:
         raise IncompatibleCheckpointError(
-            f"the checkpoint of a job of {world_size} ranks holds only its own rank's positions, and a "
-            "rank of the new job needs every rank's"
+            f"the checkpoint of a job of {world_size} ranks holds only its own rank's positions: to resume "
+            "it with another number of workers or ranks, save the state that "
+            "torchdata_snapshot.gather_elastic_state(dl.state_dict()) returns (called on every rank)"
         )
     else:
         ranks = state.ranks
@@ -111,3 +115,69 @@ def resume_levels(state: Checkpoint) -> Tuple[Level, ...]:
             "positions (the graph has no single sharding_filter, or uses sharding_round_robin_dispatch)"
         )
     return (*(Level(level) for level in state.remaining), Level(tuple(taken)))  # type: ignore[arg-type]
+
+
+def gather_elastic_state(state_dict: Dict[str, Any], group: Optional[Any] = None) -> Dict[str, Any]:
+    """This rank's ``DataLoader2.state_dict()``, completed with every rank's sharding positions,
+    so that it can resume any rank of a job with another world size or ``num_workers``
+    (``MultiProcessingReadingService(..., elastic=True)``).
+
+    Collective over ``group`` (default: the whole job, through ``torch.distributed``): every
+    rank calls it with its own state dict, at the same step. What travels is a few integers per
+    worker. A job of one rank does not need it (its state already holds everything).
+    """
+    import torch.distributed as dist
+
+    plain, put_back = _own_state(state_dict)
+    mine = Checkpoint.from_plain(plain)
+    if mine.sharding is None:
+        raise IncompatibleCheckpointError(
+            "the state was taken by a version that did not record sharding positions"
+        )
+    gathered: List[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(
+        gathered, (mine.sharding[1], mine.epoch, mine.status, [w.taken for w in mine.workers]), group
+    )
+    by_rank = dict((rank, rest) for rank, *rest in gathered)
+    world_size = mine.sharding[0]
+    if sorted(by_rank) != list(range(world_size)) or len(gathered) != world_size:
+        raise IncompatibleCheckpointError(
+            f"gather_elastic_state needs one state per rank of the job's {world_size} ranks, got ranks "
+            f"{sorted(rank for rank, *_ in gathered)}"
+        )
+    if any((epoch, status) != (mine.epoch, mine.status) for epoch, status, _ in by_rank.values()):
+        raise IncompatibleCheckpointError(
+            "gather_elastic_state: the ranks' states belong to different epochs "
+            f"({sorted((rank, e, s) for rank, (e, s, _) in by_rank.items())}); call it at one step on "
+            "every rank"
+        )
+    if any(len(taken) != mine.num_workers for _, _, taken in by_rank.values()):
+        raise IncompatibleCheckpointError("gather_elastic_state: the ranks have different numbers of workers")
+    ranks = tuple(tuple(by_rank[rank][2]) for rank in range(world_size))
+    return put_back(replace(mine, ranks=ranks).to_plain())
+
+
+def _own_state(state_dict: Any) -> Tuple[Dict[str, Any], Callable[[Dict[str, Any]], Dict[str, Any]]]:
+    """The reading-service state of ours inside ``DataLoader2.state_dict()`` (directly, or in
+    ``SequentialReadingService``'s pickled list), and how to put a new one in its place."""
+    rs_state = state_dict.get("reading_service_state") if isinstance(state_dict, dict) else None
+    if isinstance(rs_state, dict):
+        return rs_state, lambda plain: {**state_dict, "reading_service_state": plain}
+    if isinstance(rs_state, bytes):
+        try:
+            states = pickle.loads(rs_state)  # as trusted as the rest of DataLoader2's state
+        except Exception:
+            states = None
+        if isinstance(states, list):
+            found = [i for i, s in enumerate(states) if isinstance(s, dict) and s.get("format") == FORMAT]
+            if len(found) == 1:
+
+                def put_back(plain: Dict[str, Any]) -> Dict[str, Any]:
+                    replaced = [plain if i == found[0] else s for i, s in enumerate(states)]
+                    return {**state_dict, "reading_service_state": pickle.dumps(replaced)}
+
+                return states[found[0]], put_back
+    raise InvalidCheckpointError(
+        "not a DataLoader2.state_dict() holding the state of torchdata_snapshot's reading service "
+        "(directly, or inside SequentialReadingService's)"
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List
 
+import pytest
 from distributed import run_ranks
 
 
@@ -84,3 +85,84 @@ def test_every_rank_resumes_mid_epoch_exactly(tmp_path: Path) -> None:
         assert len(saved[rank]["head"]) == 13 and saved[rank]["rest"]
         assert resumed[rank] == {"rest": saved[rank]["rest"], "following": saved[rank]["following"]}
     assert saved[0]["rest"] != saved[1]["rest"], "each rank resumed its own shard"
+
+
+def _elastic_loader(num_workers: int, n: int, elastic: bool = False) -> Any:
+    from pipelines import tiny
+    from torchdata.dataloader2 import DataLoader2
+
+    dl = DataLoader2(tiny(n), reading_service=_elastic_service(num_workers, elastic))
+    dl.seed(5)
+    return dl
+
+
+def _elastic_service(num_workers: int, elastic: bool) -> Any:
+    from pipelines import rs
+    from torchdata.dataloader2 import DistributedReadingService, SequentialReadingService
+
+    return SequentialReadingService(DistributedReadingService(), rs(num_workers, elastic=elastic))
+
+
+def save_gathered(rank: int, world_size: int, path: str, n: int, k: int) -> Dict[str, Any]:
+    """Epoch 0, then ``k`` items of epoch 1: save this rank's state, gathered and not."""
+    import torch
+
+    from torchdata_snapshot import gather_elastic_state
+
+    dl = _elastic_loader(2, n)
+    list(dl)
+    it = iter(dl)
+    head = [next(it) for _ in range(k)]
+    state = dl.state_dict()
+    torch.save(state, f"{path}/own{rank}.pt")
+    torch.save(gather_elastic_state(state), f"{path}/gathered{rank}.pt")
+    epoch = head + list(it)
+    dl.shutdown()
+    return {"head": head, "epoch": epoch}
+
+
+def resume_gathered(rank: int, world_size: int, path: str, old_world_size: int) -> Dict[str, Any]:
+    """Resume epoch 1 with ``world_size`` ranks of one worker, from another rank's state."""
+    import torch
+    from torchdata.dataloader2 import DataLoader2
+
+    from torchdata_snapshot import IncompatibleCheckpointError
+
+    source = (rank + 1) % old_world_size  # any rank's gathered state resumes any new rank
+    own = torch.load(f"{path}/own{source}.pt", weights_only=True)
+    refused = ""
+    try:
+        DataLoader2.from_state(own, _elastic_service(1, elastic=True)).__iter__()
+    except IncompatibleCheckpointError as e:
+        refused = str(e)
+    dl = DataLoader2.from_state(
+        torch.load(f"{path}/gathered{source}.pt", weights_only=True), _elastic_service(1, True)
+    )
+    rest, following = list(dl), list(dl)
+    dl.shutdown()
+    return {"refused": refused, "rest": rest, "following": following}
+
+
+def fresh_three_epochs(rank: int, world_size: int, n: int) -> List[Any]:
+    dl = _elastic_loader(1, n)
+    epochs = [list(dl), list(dl), list(dl)]
+    dl.shutdown()
+    return epochs
+
+
+@pytest.mark.parametrize("old, new, n, k", [(2, 3, 84, 6), (3, 2, 84, 6)])
+def test_a_gathered_state_resumes_with_another_world_size_each_element_once(
+    tmp_path: Path, old: int, new: int, n: int, k: int
+) -> None:
+    """2 -> 3 and 3 -> 2 ranks, 2 -> 1 workers each: over all new ranks, the rest of the epoch
+    holds every element no old rank had delivered, once; the next epoch is a fresh new job's.
+    (``n`` and ``k`` leave every shard even, so that fullsync cuts nothing: see the docs.)"""
+    saved = run_ranks(save_gathered, tmp_path, world_size=old, path=str(tmp_path), n=n, k=k)
+    resumed = run_ranks(resume_gathered, tmp_path, world_size=new, path=str(tmp_path), old_world_size=old)
+    fresh = run_ranks(fresh_three_epochs, tmp_path, world_size=new, n=n)
+    epoch = sorted(x for r in saved for x in r["epoch"])
+    assert epoch == sorted(2 * x for x in range(n)), "the uninterrupted epoch covers every element once"
+    delivered = [x for r in saved for x in r["head"]] + [x for r in resumed for x in r["rest"]]
+    assert sorted(delivered) == epoch, "each element exactly once over the old and the new ranks"
+    assert all(r["following"] == f[2] for r, f in zip(resumed, fresh)), "the next epoch is a fresh job's"
+    assert all("gather_elastic_state" in r["refused"] for r in resumed), "an ungathered state is refused"

@@ -206,3 +206,13 @@ def test_a_worker_replaced_in_an_elastic_epoch_keeps_its_elements(
         after = list(restore(state, rs(3, elastic=True, restart_dead_workers=1, worker_reset_fn=reset_fn)))
     assert not marker.exists(), "no worker was killed"
     assert Counter(elements(before + after)) == Counter(elements(epoch))
+
+
+def test_gather_elastic_state_refuses_what_is_not_a_state_dict_of_ours() -> None:
+    from torchdata_snapshot import InvalidCheckpointError, gather_elastic_state
+
+    for not_ours in ({}, {"reading_service_state": b"upstream's bytes"}):
+        with pytest.raises(InvalidCheckpointError, match="not a DataLoader2.state_dict"):
+            gather_elastic_state(not_ours)
+    with pytest.raises(InvalidCheckpointError, match="not a torchdata_snapshot checkpoint"):
+        gather_elastic_state({"reading_service_state": {"a": 1}})

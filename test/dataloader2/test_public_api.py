@@ -20,6 +20,7 @@ EXPECTED_PUBLIC_NAMES = [
     "WorkerError",
     "WorkerSnapshot",
     "WorkerTimeoutError",
+    "gather_elastic_state",
     "register_state_functions",
 ]
 
