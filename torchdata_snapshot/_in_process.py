@@ -44,6 +44,7 @@ class InProcess:
         iter_reset_fn: Optional[Callable],
         resume: Optional[Checkpoint],
         remaining: Tuple[Any, ...] = (),
+        head_start: Optional[Any] = None,
     ) -> None:
         assert not remaining, "an elastic epoch needs worker processes"
         if self.rng is not None:

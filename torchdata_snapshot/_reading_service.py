@@ -40,7 +40,13 @@ from torchdata_snapshot._options import (
     _check_count,
 )
 from torchdata_snapshot._outlet import Outlet
-from torchdata_snapshot._remaining import Level, sharding_layout, sharding_point
+from torchdata_snapshot._remaining import (
+    HeadStart,
+    Level,
+    first_remaining_bound,
+    sharding_layout,
+    sharding_point,
+)
 from torchdata_snapshot._seeds import advance_epoch_seed, load_seed_state, seed_state
 from torchdata_snapshot._worker_pool import WorkerPool
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
@@ -202,6 +208,7 @@ class MultiProcessingReadingService(
         self._fingerprint = ""
         self._sharding = (1, 0)  # (world_size, rank) of the graph's sharding filter
         self._remaining: Tuple[Level, ...] = ()  # the epoch resumed elastically (see _elastic)
+        self._head_start: Optional[HeadStart] = None  # for the pending elastic restore
         self._pending_restore: Optional[Checkpoint] = None  # set by restore(), used by the next epoch
         self._paused = False
         self._initialized = False
@@ -285,7 +292,10 @@ class MultiProcessingReadingService(
         advance_epoch_seed(seed_generator)
         self._remaining = () if resume is None else tuple(map(Level, resume.remaining))
         assert self._runtime is not None
-        self._runtime.start_epoch(outlet, self._epoch, seed_generator, iter_reset_fn, resume, self._remaining)
+        head_start, self._head_start = self._head_start if resume is not None else None, None
+        self._runtime.start_epoch(
+            outlet, self._epoch, seed_generator, iter_reset_fn, resume, self._remaining, head_start
+        )
         outlet.start_epoch_at(self._epoch, resume)
         return None
 
@@ -375,7 +385,8 @@ class MultiProcessingReadingService(
 
     def _elastic_start(self, datapipe: DataPipe, state: Checkpoint, sharding: Tuple[int, int]) -> Checkpoint:
         """The start of ``state``'s epoch for this service's configuration, dealing only the
-        elements the user had not received (see :mod:`torchdata_snapshot._elastic`)."""
+        elements the user had not received (see :mod:`torchdata_snapshot._elastic`); the graph
+        states the old workers captured give the new ones a head start."""
         refusal = "elastic resume needs worker processes (num_workers >= 1)" if not self.num_workers else None
         refusal = refusal or elastic_refusal(datapipe, replicable_branch(datapipe))
         if refusal is not None:
@@ -383,6 +394,14 @@ class MultiProcessingReadingService(
                 f"the epoch cannot resume with another number of workers or ranks: {refusal}"
             )
         levels = resume_levels(state)
+        assert state.sharding is not None  # resume_levels checked it
+        first_instance = state.sharding[1] * state.num_workers
+        self._head_start = HeadStart(
+            bound=first_remaining_bound(levels[-1]),
+            instances=levels[-1].instances,
+            levels=levels[:-1],
+            states=tuple((first_instance + i, w.state[1]) for i, w in enumerate(state.workers) if w.state),
+        )
         return Checkpoint(
             num_workers=self.num_workers,
             fingerprint=state.fingerprint,

@@ -19,11 +19,21 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
-from torchdata.dataloader2.graph import DataPipe, find_dps, traverse_dps
+from torchdata.dataloader2.graph import DataPipe, find_dps, list_dps, traverse_dps
 
-from torchdata_snapshot._stateful import Resumable
+from torchdata_snapshot._graph import graph_datapipes
+from torchdata_snapshot._stateful import Resumable, load_datapipe_states, unpack_graph_state
 
-__all__ = ["Level", "Remaining", "set_remaining", "sharding_layout", "sharding_point"]
+__all__ = [
+    "HeadStart",
+    "Level",
+    "Remaining",
+    "first_remaining_bound",
+    "load_head_start",
+    "set_remaining",
+    "sharding_layout",
+    "sharding_point",
+]
 
 
 @dataclass(frozen=True)
@@ -107,3 +117,57 @@ def sharding_layout(sf: ShardingFilterIterDataPipe) -> Tuple[int, int]:
     """``(world_size, rank)`` that ``DistributedReadingService`` gave the filter (``(1, 0)``
     without one)."""
     return tuple(sf.groups.get(SHARDING_PRIORITIES.DISTRIBUTED, (1, 0)))  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class HeadStart:
+    """Graph states the workers of the configuration before an elastic resume captured in its
+    epoch: ``(sharding instance, state)`` of ``instances`` instances, while ``levels`` were in
+    force. No element before ``bound`` remains, so a new worker may load the pre-sharding part
+    of the latest state that lies before ``bound`` (see :func:`load_head_start`) instead of
+    running the epoch's pre-sharding part up to there."""
+
+    bound: int
+    instances: int
+    levels: Tuple[Level, ...]
+    states: Tuple[Tuple[int, bytes], ...]
+
+
+def first_remaining_bound(level: Level) -> int:
+    """A lower bound of the pre-sharding index of the first element remaining after ``level``:
+    its first position that was not delivered (an index is never below its position in a
+    sequence that remains after earlier levels)."""
+    return min(t * level.instances + w for w, t in enumerate(level.taken))
+
+
+def load_head_start(datapipe: DataPipe, sf: ShardingFilterIterDataPipe, head: HeadStart) -> int:
+    """Load into the pre-sharding part of ``datapipe`` (whose sharding filter ``sf`` has its
+    :class:`Remaining` in place) the latest state of ``head`` that lies before its bound, and
+    start the :class:`Remaining` there. Returns that pre-sharding index (0: none fits)."""
+    remaining = sf.source_datapipe
+    assert isinstance(remaining, Remaining)
+    root = remaining.source
+    pre_sharding = list_dps(traverse_dps(root))
+    # The keys the states were captured under: the graph as it was before the resume.
+    set_remaining(sf, head.levels)
+    try:
+        old_keys = {id(dp): key for key, dp in graph_datapipes(datapipe)}
+        old_remaining = sf.source_datapipe if head.levels else None
+    finally:
+        sf.source_datapipe = remaining
+    best: Optional[Tuple[int, Dict[str, Any]]] = None
+    for instance, blob in head.states:
+        states = unpack_graph_state(blob)
+        if old_remaining is not None:
+            index = states.get(old_keys[id(old_remaining)], {}).get("index", 0)
+        else:  # the filter yielded its y-th element: it had taken instance + (y - 1) * n + 1
+            yielded = states.get(old_keys[id(sf)], {}).get("yielded", 0)
+            index = instance + (yielded - 1) * head.instances + 1 if yielded else 0
+        if index <= head.bound and (best is None or index > best[0]):
+            best = (index, states)
+    if best is None or best[0] == 0:
+        return 0
+    index, states = best
+    load_datapipe_states([(old_keys[id(dp)], dp) for dp in pre_sharding], states)
+    remaining.load_state_dict({"index": index})
+    return index

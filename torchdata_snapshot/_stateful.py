@@ -93,12 +93,14 @@ __all__ = [
     "Resumable",
     "capture_graph_state",
     "forget_loaded_states",
+    "load_datapipe_states",
     "load_graph_state",
     "make_resumable",
     "register_state_functions",
     "reset_graph_state",
     "sharding_taken",
     "sharding_taken_before",
+    "unpack_graph_state",
     "unresumable_datapipe",
 ]
 
@@ -617,14 +619,28 @@ def load_graph_state(graph: List[Tuple[str, DataPipe]], blob: bytes) -> None:
     Raises :class:`StateRestoreError` naming the DataPipe whose ``load_state_dict`` fails, or
     saying that the blob is not such a state (a damaged checkpoint).
     """
+    states = unpack_graph_state(blob)
+    load_datapipe_states(graph, states)
+    set_global_rng_state(states[_RNG_KEY])
+
+
+def unpack_graph_state(blob: bytes) -> Dict[str, Any]:
+    """A :func:`capture_graph_state` blob as ``{key: state}`` (the global RNGs' checked and
+    unpacked), or :class:`StateRestoreError` saying that it is not such a state."""
     try:
         states = pickle.loads(blob)
         if not isinstance(states, dict) or _RNG_KEY not in states:
             raise ValueError(f"it unpickles to {type(states).__name__}, not the state of a graph")
-        rng_state = unpack_global_rng_state(states[_RNG_KEY])
-        check_global_rng_state(rng_state)
+        states[_RNG_KEY] = unpack_global_rng_state(states[_RNG_KEY])
+        check_global_rng_state(states[_RNG_KEY])
     except Exception as e:
         raise StateRestoreError(f"the worker's graph state cannot be loaded: {type(e).__name__}: {e}") from e
+    return states
+
+
+def load_datapipe_states(graph: List[Tuple[str, DataPipe]], states: Dict[str, Any]) -> None:
+    """Load ``states[key]`` into each DataPipe of ``graph`` that has one (the global RNGs are
+    left alone); raises :class:`StateRestoreError` naming a DataPipe whose load fails."""
     for key, dp in graph:
         if key not in states:
             continue
@@ -637,7 +653,6 @@ def load_graph_state(graph: List[Tuple[str, DataPipe]], blob: bytes) -> None:
         except Exception as e:
             what = f"load_state_dict() of DataPipe {key} ({describe_datapipe(dp)})"
             raise StateRestoreError(f"{what} raised {type(e).__name__}: {e}") from e
-    set_global_rng_state(rng_state)
 
 
 def forget_loaded_states(datapipes: Iterable[DataPipe]) -> None:

@@ -63,7 +63,7 @@ from torchdata_snapshot._messages import (
 )
 from torchdata_snapshot._options import WorkerOptions
 from torchdata_snapshot._outbox import Outbox
-from torchdata_snapshot._remaining import set_remaining, sharding_point
+from torchdata_snapshot._remaining import load_head_start, set_remaining, sharding_point
 from torchdata_snapshot._replay import replay
 from torchdata_snapshot._serving import ServingLoop
 from torchdata_snapshot._stateful import (
@@ -276,6 +276,8 @@ class WorkerLoop(ServingLoop):
         self._sharding, self._taken_before = self._find_sharding_point(), 0
         if self._sharding is not None:
             set_remaining(self._sharding, request.remaining)
+            if request.head_start is not None and self.stateful:
+                load_head_start(self.datapipe, self._sharding, request.head_start)
         elif request.remaining:
             raise ProtocolError(f"{self.name}: an elastic epoch needs the graph's one sharding filter")
         self._graph = graph_datapipes(self.datapipe)

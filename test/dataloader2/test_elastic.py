@@ -216,3 +216,33 @@ def test_gather_elastic_state_refuses_what_is_not_a_state_dict_of_ours() -> None
             gather_elastic_state(not_ours)
     with pytest.raises(InvalidCheckpointError, match="not a torchdata_snapshot checkpoint"):
         gather_elastic_state({"reading_service_state": {"a": 1}})
+
+
+def test_new_workers_start_the_pre_sharding_part_from_an_old_workers_captured_state(
+    make_dl: Any, restore: Any
+) -> None:
+    """An elastic resume does not run the epoch's pre-sharding part from its start in every new
+    worker when the old workers captured graph states: they load the latest one that lies
+    before the first remaining element."""
+    n, k = 20_000, 5_000
+    epoch = list(make_dl(pipeline("shuffle_before_sharding", n), rs(2)))
+    dl = make_dl(pipeline("shuffle_before_sharding", n), rs(2, state_interval=8))
+    before = take(iter(dl), k)
+    resumed = restore(dl.state_dict(), rs(3, elastic=True, state_interval=8))
+    it = iter(resumed)
+    after = [next(it)]
+    source_yields = [
+        count
+        for snapshot in resumed.reading_service.snapshot()
+        for key, count in snapshot.datapipe_yields.items()
+        if key.endswith("IterableWrapper")
+    ]
+    # From the epoch's start, a worker reads every element before the first remaining one (k of
+    # them at least, 15,000 here with the shuffle's buffer); from a head start, what it produced
+    # ahead under credit (up to 512 tiny items, about 3 source elements each with 3 workers).
+    assert len(source_yields) == 3 and max(source_yields) < k, (
+        f"the new workers read {source_yields} source elements: they started near the position "
+        f"({k} elements delivered), not at the epoch's start"
+    )
+    after += list(it)
+    assert Counter(before + after) == Counter(epoch)
