@@ -101,3 +101,24 @@ def test_preemption_saves_at_the_end_of_the_step_and_resumes_exactly(
 def test_preemption_demo() -> None:
     out = run_example("preemption.py", "--group", "--preempt-at", "40")
     assert "identical to the run that was never preempted" in out
+
+
+def torchrun(nproc: int, *args: str, timeout_s: float = 240) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    return subprocess.run(
+        [*command, str(EXAMPLES / "elastic_resume.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+def test_elastic_resume_kills_a_2_rank_job_and_resumes_it_with_3(tmp_path: Path) -> None:
+    killed = torchrun(2, "--dir", str(tmp_path), "--kill-at", "5")
+    assert killed.returncode != 0, "the first job is killed mid-epoch"
+    assert sorted(p.name for p in tmp_path.glob("rank*.pt")) == ["rank0.pt", "rank1.pt"]
+    resumed = torchrun(3, "--dir", str(tmp_path))
+    assert resumed.returncode == 0, f"{resumed.stdout}\n{resumed.stderr}"
+    assert (
+        "exactly once: 1200 elements (40 by 2 ranks before the kill, 1160 by 3 ranks after)" in resumed.stdout
+    )
