@@ -7,7 +7,8 @@ For each workload (tiny items, CPU-heavy items, large tensors) and worker count,
 (upstream MPRS, ours, torch.utils.data.DataLoader, torchdata's StatefulDataLoader, and the
 in-process ceiling) runs the same pipeline, in alternation, ``--repeats`` times; the report gives
 median items/s and the ratios ours / peer. Then: ``state_dict()`` and ``snapshot()`` latency
-while prefetching, restore time against the position ``k`` (relative to ``k = 0``), and memory
+while prefetching, restore time against the position ``k`` (relative to ``k = 0``; an elastic
+restore from 2 to 3 workers also relative to the exact one at the same ``k``), and memory
 across many snapshots. Results go to ``latest.json``,
 ``latest.md`` and (with matplotlib) ``latest.png`` in ``--out``.
 
@@ -133,9 +134,12 @@ def run_latency(args: argparse.Namespace, loads: Dict[str, Workload], all_peers:
     return out
 
 
-def restore_time(build: Callable[[int], Any], k: int, source_items: int, options: Dict) -> Tuple[float, int]:
-    """Seconds from ``DataLoader2.from_state()`` to the first item after position ``k`` (2 workers),
-    and the size of the reading-service state."""
+def restore_time(
+    build: Callable[[int], Any], k: int, source_items: int, options: Dict, restore_workers: int = 2
+) -> Tuple[float, int]:
+    """Seconds from ``DataLoader2.from_state()`` to the first item after position ``k`` (taken
+    with 2 workers, restored with ``restore_workers``: elastically if they differ), and the size
+    of the reading-service state."""
     dl = DataLoader2(build(source_items), reading_service=MultiProcessingReadingService(2, **options))
     dl.seed(0)
     it = iter(dl)
@@ -145,7 +149,10 @@ def restore_time(build: Callable[[int], Any], k: int, source_items: int, options
     size = len(pickle.dumps(state["reading_service_state"]))
     dl.shutdown()
     start = time.perf_counter()
-    again = DataLoader2.from_state(state, MultiProcessingReadingService(2, **options))
+    elastic = restore_workers != 2
+    again = DataLoader2.from_state(
+        state, MultiProcessingReadingService(restore_workers, elastic=elastic, **options)
+    )
     next(iter(again))
     elapsed = time.perf_counter() - start
     again.shutdown()
@@ -155,33 +162,44 @@ def restore_time(build: Callable[[int], Any], k: int, source_items: int, options
 def run_restore(args: argparse.Namespace, burn_loops: int) -> List[Dict]:
     """Restore time against the position ``k``, relative to restoring at ``k = 0``: from
     captured states for several pipelines (early positions, slow items, a large shuffle buffer),
-    and by replay for tiny items (which grows with ``k``)."""
+    by replay for tiny items (which grows with ``k``), and elastically from 2 to 3 workers
+    (relative to the exact restore at the same ``k`` too)."""
     cases: List[Tuple[str, str, Callable[[int], Any], int, Sequence[int], Dict]] = []
+    elastic_cases = []
     for w in restore_workloads(burn_loops).values():
         ks = (0, 100) if args.smoke else w.quick_ks if args.quick else w.ks
         cases.append((w.name, "stateful", w.build, w.items_per_k, ks, {}))
+        if w.name in ("tiny_batched", "1ms_items"):
+            elastic_cases.append((w.name, "elastic 2->3", w.build, w.items_per_k, ks, {}))
+    cases += elastic_cases
     tiny = workloads(1)["tiny"]
     replay_ks = (
         (0, 100) if args.smoke else (0, 10**3, 10**5) if args.quick else (0, 10**3, 10**4, 10**5, 10**6)
     )
     cases.append(("tiny", "replay", tiny.build, 1, replay_ks, {"stateful": False}))
     repeats = 1 if args.smoke else 3 if args.quick else args.repeats
-    rows = []
+    rows: List[Dict] = []
     for name, strategy, build, per_k, ks, options in cases:
         base = None
+        elastic = strategy.startswith("elastic")
         for k in ks:
             source_items = 2 * k * per_k + 20_000  # beyond k, whatever the sharding and buffers
             samples, size = [], 0
             for _ in range(repeats):
-                elapsed, size = restore_time(build, k, source_items, options)
+                elapsed, size = restore_time(build, k, source_items, options, 3 if elastic else 2)
                 samples.append(elapsed)
             median = statistics.median(samples)
             base = median if base is None else base
-            rows.append({"workload": name, "strategy": strategy, "k": k, "median_s": median,
-                         "ratio_to_k0": median / base, "samples": samples, "state_bytes": size})  # fmt: skip
+            row = {"workload": name, "strategy": strategy, "k": k, "median_s": median,
+                   "ratio_to_k0": median / base, "samples": samples, "state_bytes": size}  # fmt: skip
+            exact = [r for r in rows if (r["workload"], r["strategy"], r["k"]) == (name, "stateful", k)]
+            if elastic and exact:
+                row["ratio_to_exact"] = median / exact[0]["median_s"]
+            rows.append(row)
+            versus = f", {row['ratio_to_exact']:.2f}x exact" if "ratio_to_exact" in row else ""
             print(
-                f"  restore {name:12s} {strategy:8s} k={k:>9,}: {median * 1000:7.1f} ms "
-                f"({median / base:.2f}x k=0), reading-service state {size:,} bytes",
+                f"  restore {name:12s} {strategy:12s} k={k:>9,}: {median * 1000:7.1f} ms "
+                f"({median / base:.2f}x k=0{versus}), reading-service state {size:,} bytes",
                 flush=True,
             )
     return rows
@@ -254,13 +272,15 @@ def markdown(results: Dict) -> str:
         lines.append(f"| {key} | {value['p50_ms']:.3f} ms | {value['p99_ms']:.3f} ms |")
     lines += [
         "",
-        "| restore (2 workers) | strategy | k | from_state to first item | vs k=0 | reading-service state |",
-        "|---|---|---:|---:|---:|---:|",
+        "| restore (2 workers) | strategy | k | from_state to first item | vs k=0 | vs exact "
+        "| reading-service state |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for row in results["restore"]:
+        versus = f"{row['ratio_to_exact']:.2f}x" if "ratio_to_exact" in row else ""
         lines.append(
             f"| {row['workload']} | {row['strategy']} | {row['k']:,} | {row['median_s'] * 1000:.1f} ms "
-            f"| {row['ratio_to_k0']:.2f}x | {row['state_bytes']:,} B |"
+            f"| {row['ratio_to_k0']:.2f}x | {versus} | {row['state_bytes']:,} B |"
         )
     mem = results["memory"]
     workers = zip(mem["worker_rss_before_mb"], mem["worker_rss_after_mb"])
