@@ -5,8 +5,8 @@
 user had not received (:mod:`torchdata_snapshot._remaining`). That is exact when what the user
 received is a prefix of each sharding instance's elements: every DataPipe between the sharding
 point and the user must hand on the items of the elements it took as soon as it can, holding
-none back across its outputs (:func:`elastic_refusal` checks the graph), and the checkpoint must
-know every instance's count, over all ranks of a distributed job (:func:`gather_elastic_state`).
+none back across its outputs (``elastic_refusal`` checks the graph), and the checkpoint must
+know every instance's count, over all ranks of a distributed job (``gather_elastic_state``).
 """
 
 from __future__ import annotations

@@ -4,13 +4,16 @@ The elements of an epoch are those entering the graph's sharding point (its one
 ``sharding_filter``), in their pre-sharding order ``j = 0, 1, ...``; instance ``i`` of ``n``
 (``i = rank * num_workers + worker_id`` under ``DistributedReadingService``) takes those with
 ``j % n == i``. Each worker counts, for every item it yields, how many elements its sharding
-filter had taken (:func:`~torchdata_snapshot._stateful.sharding_taken`); a checkpoint keeps that
-count at the user's position. An epoch resumed with another configuration runs again from its
-seeds with :class:`Remaining` right below the sharding filter: it drops the elements the user
-had received, and the sharding filter deals the others round-robin over the new instances. One
-:class:`Level` per elastic resume in the same epoch describes what was delivered before it, as
-positions in the sequence that remained after the levels before it. When this is exact is the
-subject of :mod:`torchdata_snapshot._elastic`.
+filter had taken (``sharding_taken``); a checkpoint keeps that count at the user's position.
+
+An epoch resumed with another configuration runs again from its seeds with ``Remaining`` right
+below the sharding filter: it drops the elements the user had received, and the sharding filter
+deals the others round-robin over the new instances. One ``Level`` per elastic resume in the
+same epoch describes what was delivered before it, as positions in the sequence that remained
+after the levels before it. With a ``HeadStart``, a new worker loads the pre-sharding part of a
+graph state an old worker captured before the first remaining element instead of running the
+pre-sharding part from the epoch's start. When all this is exact is the subject of
+:mod:`torchdata_snapshot._elastic`.
 """
 
 from __future__ import annotations
