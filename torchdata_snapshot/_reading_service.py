@@ -47,7 +47,7 @@ from torchdata_snapshot._remaining import (
     sharding_layout,
     sharding_point,
 )
-from torchdata_snapshot._seeds import advance_epoch_seed, load_seed_state, seed_state
+from torchdata_snapshot._seeds import advance_epoch_seed, load_seed_state, rank_seed_state, seed_state
 from torchdata_snapshot._worker_pool import WorkerPool
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
@@ -407,7 +407,8 @@ class MultiProcessingReadingService(
             fingerprint=state.fingerprint,
             epoch=state.epoch,
             status="in_epoch",
-            seed=state.seed,
+            # Another rank's state may be loaded: the seeds are put back to this rank's.
+            seed=rank_seed_state(state.seed, sharding[1]) if sharding[0] > 1 and state.seed else state.seed,
             workers=(WorkerPosition(taken=0),) * self.num_workers,
             sharding=sharding,
             remaining=tuple(level.taken for level in levels),

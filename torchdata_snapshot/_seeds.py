@@ -14,7 +14,7 @@ from torchdata.dataloader2.random import SeedGenerator
 from torchdata_snapshot._compat import load_seed_engine_states, seed_engine_states
 from torchdata_snapshot._errors import InvalidCheckpointError
 
-__all__ = ["advance_epoch_seed", "check_seed_state", "load_seed_state", "seed_state"]
+__all__ = ["advance_epoch_seed", "check_seed_state", "load_seed_state", "rank_seed_state", "seed_state"]
 
 _UINT32 = 2**32
 
@@ -89,3 +89,15 @@ def load_seed_state(generator: SeedGenerator, state: Any) -> None:
     """Set ``generator`` (in place: DataLoader2 and other reading services hold it) to ``state``."""
     check_seed_state(state)
     load_seed_engine_states(generator, state)
+
+
+def rank_seed_state(state: Dict[str, Dict[str, Any]], rank: int) -> Dict[str, Dict[str, Any]]:
+    """``state`` (a generator's at the start of an epoch) as rank ``rank`` of a distributed job
+    gets it: ``DistributedReadingService`` seeds both streams alike and then replaces the
+    per-process one by its spawn for the rank, which only the shared stream's spawn seed decides.
+    An elastic resume gives a rank of the new job the seeds a fresh job would give it, not those
+    of the rank whose state it loaded."""
+    generator = SeedGenerator(0)
+    load_seed_state(generator, {"shared": state["shared"], "worker": state["shared"]})
+    generator.spawn(rank, inplace=True)
+    return seed_state(generator)

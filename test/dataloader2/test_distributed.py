@@ -131,23 +131,30 @@ def resume_gathered(rank: int, world_size: int, path: str, old_world_size: int) 
     source = (rank + 1) % old_world_size  # any rank's gathered state resumes any new rank
     own = torch.load(f"{path}/own{source}.pt", weights_only=True)
     refused = ""
+    dl = DataLoader2.from_state(own, _elastic_service(1, elastic=True))
     try:
-        DataLoader2.from_state(own, _elastic_service(1, elastic=True)).__iter__()
+        iter(dl)
     except IncompatibleCheckpointError as e:
         refused = str(e)
-    dl = DataLoader2.from_state(
-        torch.load(f"{path}/gathered{source}.pt", weights_only=True), _elastic_service(1, True)
-    )
-    rest, following = list(dl), list(dl)
+    finally:
+        dl.shutdown()
+    gathered = torch.load(f"{path}/gathered{source}.pt", weights_only=True)
+    dl = DataLoader2.from_state(gathered, _elastic_service(1, elastic=True))
+    it = iter(dl)
+    seed = dl.reading_service.reading_services[1].checkpoint()["seed"]
+    rest, following = list(it), list(dl)
     dl.shutdown()
-    return {"refused": refused, "rest": rest, "following": following}
+    return {"refused": refused, "rest": rest, "following": following, "seed": seed}
 
 
-def fresh_three_epochs(rank: int, world_size: int, n: int) -> List[Any]:
+def fresh_three_epochs(rank: int, world_size: int, n: int) -> Dict[str, Any]:
     dl = _elastic_loader(1, n)
-    epochs = [list(dl), list(dl), list(dl)]
+    first = list(dl)
+    it = iter(dl)
+    seed = dl.reading_service.reading_services[1].checkpoint()["seed"]  # the seeds of epoch 1
+    epochs = [first, list(it), list(dl)]
     dl.shutdown()
-    return epochs
+    return {"epochs": epochs, "seed": seed}
 
 
 @pytest.mark.parametrize("old, new, n, k", [(2, 3, 84, 6), (3, 2, 84, 6)])
@@ -155,7 +162,8 @@ def test_a_gathered_state_resumes_with_another_world_size_each_element_once(
     tmp_path: Path, old: int, new: int, n: int, k: int
 ) -> None:
     """2 -> 3 and 3 -> 2 ranks, 2 -> 1 workers each: over all new ranks, the rest of the epoch
-    holds every element no old rank had delivered, once; the next epoch is a fresh new job's.
+    holds every element no old rank had delivered, once, with each rank's own seeds; the next
+    epoch is a fresh new job's.
     (``n`` and ``k`` leave every shard even, so that fullsync cuts nothing: see the docs.)"""
     saved = run_ranks(save_gathered, tmp_path, world_size=old, path=str(tmp_path), n=n, k=k)
     resumed = run_ranks(resume_gathered, tmp_path, world_size=new, path=str(tmp_path), old_world_size=old)
@@ -164,5 +172,10 @@ def test_a_gathered_state_resumes_with_another_world_size_each_element_once(
     assert epoch == sorted(2 * x for x in range(n)), "the uninterrupted epoch covers every element once"
     delivered = [x for r in saved for x in r["head"]] + [x for r in resumed for x in r["rest"]]
     assert sorted(delivered) == epoch, "each element exactly once over the old and the new ranks"
-    assert all(r["following"] == f[2] for r, f in zip(resumed, fresh)), "the next epoch is a fresh job's"
+    assert all(r["following"] == f["epochs"][2] for r, f in zip(resumed, fresh)), (
+        "the next epoch: a fresh job's"
+    )
     assert all("gather_elastic_state" in r["refused"] for r in resumed), "an ungathered state is refused"
+    assert [r["seed"] for r in resumed] == [f["seed"] for f in fresh], (
+        "each new rank's workers are seeded as a fresh job's rank, not as the rank whose state it loaded"
+    )

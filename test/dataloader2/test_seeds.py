@@ -9,7 +9,7 @@ import pytest
 from torchdata.dataloader2.random import SeedGenerator
 
 from torchdata_snapshot._errors import InvalidCheckpointError
-from torchdata_snapshot._seeds import check_seed_state, load_seed_state, seed_state
+from torchdata_snapshot._seeds import check_seed_state, load_seed_state, rank_seed_state, seed_state
 
 
 def advanced(seed: int) -> SeedGenerator:
@@ -68,3 +68,10 @@ def test_invalid_states_are_refused(corrupt, match: str) -> None:  # type: ignor
         check_seed_state(state)
     with pytest.raises(InvalidCheckpointError):
         load_seed_state(SeedGenerator(1), state)
+
+
+def test_a_ranks_seeds_derive_from_the_shared_stream_as_distributed_reading_service_does() -> None:
+    rank_0 = SeedGenerator(1234).spawn(0, inplace=True)  # DistributedReadingService, rank 0
+    rank_2 = SeedGenerator(1234).spawn(2, inplace=True)
+    assert rank_seed_state(seed_state(rank_0), 2) == seed_state(rank_2)
+    assert rank_seed_state(seed_state(rank_2), 2) == seed_state(rank_2), "a rank's own state is unchanged"
