@@ -11,7 +11,7 @@ NOTE [ Snapshot protocol ] in :mod:`torchdata_snapshot._messages`.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from torch.utils.data import IterDataPipe
 from torchdata.dataloader2.graph import DataPipe
@@ -36,7 +36,7 @@ from torchdata_snapshot._messages import (
     ResumeResponse,
 )
 from torchdata_snapshot._positions import UserPositions
-from torchdata_snapshot._remaining import HeadStart, Level
+from torchdata_snapshot._remaining import ElasticEpoch
 from torchdata_snapshot._stream import END, Raised
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 from torchdata_snapshot._worker_stream import WorkerStream, replay_request
@@ -158,12 +158,10 @@ class WorkerConsumer(IterDataPipe):
         epoch: int,
         seed_generators: Sequence[Any],
         iter_reset_fn: Optional[Callable],
-        remaining: Tuple[Level, ...] = (),
-        head_start: Optional[HeadStart] = None,
+        elastic: Optional[ElasticEpoch] = None,
     ) -> None:
         """Reset every worker to ``epoch``; everything still in flight from before is dropped.
-        ``remaining``, ``head_start``: the epoch resumes elastically (see
-        :mod:`torchdata_snapshot._remaining`).
+        ``elastic``: the epoch resumes elastically (see :mod:`torchdata_snapshot._remaining`).
 
         The workers produce nothing until :meth:`start_epoch` grants them credit, so that the
         dispatching process (if any) can be reset, and a restore replayed, in between.
@@ -172,10 +170,7 @@ class WorkerConsumer(IterDataPipe):
         with links.lock:
             links.check_open()
             links.epoch = epoch  # from here on, responses of older epochs are stale
-            requests = [
-                ResetEpochRequest(epoch, seed, iter_reset_fn, remaining, head_start)
-                for seed in seed_generators
-            ]
+            requests = [ResetEpochRequest(epoch, seed, iter_reset_fn, elastic) for seed in seed_generators]
             links.reset_requests = requests
             for stream in self.streams:
                 stream.restarts = 0

@@ -43,10 +43,9 @@ class InProcess:
         seed_generator: SeedGenerator,
         iter_reset_fn: Optional[Callable],
         resume: Optional[Checkpoint],
-        remaining: Tuple[Any, ...] = (),
-        head_start: Optional[Any] = None,
+        elastic: Optional[Any] = None,
     ) -> None:
-        assert not remaining, "an elastic epoch needs worker processes"
+        assert elastic is None, "an elastic epoch needs worker processes"
         if self.rng is not None:
             with self.rng.active():
                 process_reset_fn(outlet, WorkerInfo(1, 0), seed_generator.spawn(0))

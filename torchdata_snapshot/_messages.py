@@ -175,15 +175,14 @@ class Response(upstream.Response):
 @dataclass(frozen=True)
 class ResetEpochRequest(Request):
     """Start epoch ``epoch``: seed the graph, reset its iterator, then wait for ``GetNextRequest``.
-    ``remaining`` (an epoch resumed elastically) says which elements of the epoch remain for the
-    sharding filter to deal, and ``head_start`` which captured states may spare running the
+    ``elastic`` (an ``ElasticEpoch``, for an epoch resumed elastically) says which elements of the
+    epoch remain for the sharding filter to deal, and which captured states may spare running the
     pre-sharding part from the epoch's start (see :mod:`torchdata_snapshot._remaining`)."""
 
     epoch: int
     seed_generator: Any
     iter_reset_fn: Optional[Callable[[Any], Any]] = None
-    remaining: Tuple[Any, ...] = ()
-    head_start: Optional[Any] = None
+    elastic: Optional[Any] = None
 
 
 @dataclass(frozen=True)

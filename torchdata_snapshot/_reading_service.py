@@ -40,13 +40,7 @@ from torchdata_snapshot._options import (
     _check_count,
 )
 from torchdata_snapshot._outlet import Outlet
-from torchdata_snapshot._remaining import (
-    HeadStart,
-    Level,
-    first_remaining_bound,
-    sharding_layout,
-    sharding_point,
-)
+from torchdata_snapshot._remaining import ElasticEpoch, Level, sharding_layout, sharding_point
 from torchdata_snapshot._seeds import advance_epoch_seed, load_seed_state, rank_seed_state, seed_state
 from torchdata_snapshot._worker_pool import WorkerPool
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
@@ -207,8 +201,8 @@ class MultiProcessingReadingService(
         self._epoch_seed: Optional[dict] = None  # SeedGenerator state at the start of the epoch
         self._fingerprint = ""
         self._sharding = (1, 0)  # (world_size, rank) of the graph's sharding filter
-        self._remaining: Tuple[Level, ...] = ()  # the epoch resumed elastically (see _elastic)
-        self._head_start: Optional[HeadStart] = None  # for the pending elastic restore
+        self._elastic: Optional[ElasticEpoch] = None  # the epoch resumed elastically (see _elastic)
+        self._head_states: Tuple[Tuple[int, bytes], ...] = ()  # for the pending elastic restore
         self._pending_restore: Optional[Checkpoint] = None  # set by restore(), used by the next epoch
         self._paused = False
         self._initialized = False
@@ -290,12 +284,11 @@ class MultiProcessingReadingService(
             load_seed_state(seed_generator, resume.seed)
         self._epoch_seed = seed_state(seed_generator)
         advance_epoch_seed(seed_generator)
-        self._remaining = () if resume is None else tuple(map(Level, resume.remaining))
+        levels = () if resume is None else tuple(map(Level, resume.remaining))
+        head_states, self._head_states = self._head_states if resume is not None else (), ()
+        self._elastic = ElasticEpoch(levels, head_states) if levels else None
         assert self._runtime is not None
-        head_start, self._head_start = self._head_start if resume is not None else None, None
-        self._runtime.start_epoch(
-            outlet, self._epoch, seed_generator, iter_reset_fn, resume, self._remaining, head_start
-        )
+        self._runtime.start_epoch(outlet, self._epoch, seed_generator, iter_reset_fn, resume, self._elastic)
         outlet.start_epoch_at(self._epoch, resume)
         return None
 
@@ -349,7 +342,7 @@ class MultiProcessingReadingService(
             workers=runtime.worker_positions(positions),
             next_worker=0 if positions is None else positions.next_worker,
             sharding=self._sharding,
-            remaining=tuple(level.taken for level in self._remaining),
+            remaining=() if self._elastic is None else tuple(level.taken for level in self._elastic.levels),
         ).to_plain()
 
     def restore(self, datapipe: DataPipe, serialized_state: Any) -> DataPipe:
@@ -396,11 +389,8 @@ class MultiProcessingReadingService(
         levels = resume_levels(state)
         assert state.sharding is not None  # resume_levels checked it
         first_instance = state.sharding[1] * state.num_workers
-        self._head_start = HeadStart(
-            bound=first_remaining_bound(levels[-1]),
-            instances=levels[-1].instances,
-            levels=levels[:-1],
-            states=tuple((first_instance + i, w.state[1]) for i, w in enumerate(state.workers) if w.state),
+        self._head_states = tuple(
+            (first_instance + i, w.state[1]) for i, w in enumerate(state.workers) if w.state
         )
         return Checkpoint(
             num_workers=self.num_workers,

@@ -10,10 +10,10 @@ An epoch resumed with another configuration runs again from its seeds with ``Rem
 below the sharding filter: it drops the elements the user had received, and the sharding filter
 deals the others round-robin over the new instances. One ``Level`` per elastic resume in the
 same epoch describes what was delivered before it, as positions in the sequence that remained
-after the levels before it. With a ``HeadStart``, a new worker loads the pre-sharding part of a
-graph state an old worker captured before the first remaining element instead of running the
-pre-sharding part from the epoch's start. When all this is exact is the subject of
-:mod:`torchdata_snapshot._elastic`.
+after the levels before it (an ``ElasticEpoch`` carries them to the workers, with head states: a
+new worker loads the pre-sharding part of a graph state an old worker captured before the first
+remaining element, instead of running the pre-sharding part from the epoch's start). When all
+this is exact is the subject of :mod:`torchdata_snapshot._elastic`.
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ from torchdata_snapshot._graph import graph_datapipes
 from torchdata_snapshot._stateful import Resumable, load_datapipe_states, unpack_graph_state
 
 __all__ = [
-    "HeadStart",
+    "ElasticEpoch",
     "Level",
     "Remaining",
-    "first_remaining_bound",
     "load_head_start",
     "set_remaining",
     "sharding_layout",
@@ -123,50 +122,50 @@ def sharding_layout(sf: ShardingFilterIterDataPipe) -> Tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class HeadStart:
-    """Graph states the workers of the configuration before an elastic resume captured in its
-    epoch: ``(sharding instance, state)`` of ``instances`` instances, while ``levels`` were in
-    force. No element before ``bound`` remains, so a new worker may load the pre-sharding part
-    of the latest state that lies before ``bound`` (see :func:`load_head_start`) instead of
-    running the epoch's pre-sharding part up to there."""
+class ElasticEpoch:
+    """An epoch resumed elastically: its ``levels``, and ``head_states``, the graph states
+    ``(sharding instance, state)`` that the workers before the last level captured in it, from
+    which a new worker may start its pre-sharding part (:func:`load_head_start`; none for an
+    exact restore of an elastic epoch)."""
 
-    bound: int
-    instances: int
     levels: Tuple[Level, ...]
-    states: Tuple[Tuple[int, bytes], ...]
+    head_states: Tuple[Tuple[int, bytes], ...] = ()
 
 
-def first_remaining_bound(level: Level) -> int:
+def _first_remaining_bound(level: Level) -> int:
     """A lower bound of the pre-sharding index of the first element remaining after ``level``:
     its first position that was not delivered (an index is never below its position in a
     sequence that remains after earlier levels)."""
     return min(t * level.instances + w for w, t in enumerate(level.taken))
 
 
-def load_head_start(datapipe: DataPipe, sf: ShardingFilterIterDataPipe, head: HeadStart) -> int:
+def load_head_start(datapipe: DataPipe, sf: ShardingFilterIterDataPipe, epoch: ElasticEpoch) -> int:
     """Load into the pre-sharding part of ``datapipe`` (whose sharding filter ``sf`` has its
-    :class:`Remaining` in place) the latest state of ``head`` that lies before its bound, and
-    start the :class:`Remaining` there. Returns that pre-sharding index (0: none fits)."""
+    :class:`Remaining` in place) the latest of ``epoch.head_states`` that lies before the first
+    remaining element, and start the :class:`Remaining` there: no element before it is dealt
+    again. Returns that pre-sharding index (0: none fits)."""
+    *old_levels, last = epoch.levels
+    bound = _first_remaining_bound(last)
     remaining = sf.source_datapipe
     assert isinstance(remaining, Remaining)
     root = remaining.source
     pre_sharding = list_dps(traverse_dps(root))
     # The keys the states were captured under: the graph as it was before the resume.
-    set_remaining(sf, head.levels)
+    set_remaining(sf, old_levels)
     try:
         old_keys = {id(dp): key for key, dp in graph_datapipes(datapipe)}
-        old_remaining = sf.source_datapipe if head.levels else None
+        old_remaining = sf.source_datapipe if old_levels else None
     finally:
         sf.source_datapipe = remaining
     best: Optional[Tuple[int, Dict[str, Any]]] = None
-    for instance, blob in head.states:
+    for instance, blob in epoch.head_states:
         states = unpack_graph_state(blob)
         if old_remaining is not None:
             index = states.get(old_keys[id(old_remaining)], {}).get("index", 0)
         else:  # the filter yielded its y-th element: it had taken instance + (y - 1) * n + 1
             yielded = states.get(old_keys[id(sf)], {}).get("yielded", 0)
-            index = instance + (yielded - 1) * head.instances + 1 if yielded else 0
-        if index <= head.bound and (best is None or index > best[0]):
+            index = instance + (yielded - 1) * last.instances + 1 if yielded else 0
+        if index <= bound and (best is None or index > best[0]):
             best = (index, states)
     if best is None or best[0] == 0:
         return 0

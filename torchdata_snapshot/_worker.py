@@ -274,11 +274,12 @@ class WorkerLoop(ServingLoop):
             self.options.custom_reset_fn,
         )
         self._sharding, self._taken_before = self._find_sharding_point(), 0
+        elastic = request.elastic
         if self._sharding is not None:
-            set_remaining(self._sharding, request.remaining)
-            if request.head_start is not None and self.stateful:
-                load_head_start(self.datapipe, self._sharding, request.head_start)
-        elif request.remaining:
+            set_remaining(self._sharding, elastic.levels if elastic is not None else ())
+            if elastic is not None and elastic.head_states and self.stateful:
+                load_head_start(self.datapipe, self._sharding, elastic)
+        elif elastic is not None:
             raise ProtocolError(f"{self.name}: an elastic epoch needs the graph's one sharding filter")
         self._graph = graph_datapipes(self.datapipe)
         self.epoch = request.epoch

@@ -45,7 +45,7 @@ from torchdata_snapshot._messages import (
 from torchdata_snapshot._options import FaultOptions, WorkerOptions
 from torchdata_snapshot._outlet import Outlet
 from torchdata_snapshot._positions import UserPositions
-from torchdata_snapshot._remaining import HeadStart, Level
+from torchdata_snapshot._remaining import ElasticEpoch
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
 __all__ = ["WorkerPool"]
@@ -158,18 +158,16 @@ class WorkerPool:
         seed_generator: SeedGenerator,
         iter_reset_fn: Optional[Callable],
         resume: Optional[Checkpoint],
-        remaining: Tuple[Level, ...] = (),
-        head_start: Optional[HeadStart] = None,
+        elastic: Optional[ElasticEpoch] = None,
     ) -> None:
         """Reset every process to ``epoch`` (workers first: one of them may be waiting for a
         dispatched item of the old epoch), replay a restore, then let the workers produce.
-        ``remaining``, ``head_start``: the epoch resumes elastically (see
-        :mod:`torchdata_snapshot._remaining`)."""
+        ``elastic``: the epoch resumes elastically (see :mod:`torchdata_snapshot._remaining`)."""
         # The main process's DataPipes (the non-replicable tail) are seeded from the generator
         # itself, each worker from its spawn, as upstream.
         set_graph_random_seed(outlet, seed_generator)
         seeds = [seed_generator.spawn(worker_id) for worker_id in range(self.num_workers)]
-        self.consumer.reset_epoch(epoch, seeds, iter_reset_fn, remaining, head_start)
+        self.consumer.reset_epoch(epoch, seeds, iter_reset_fn, elastic)
         if self.dispatcher is not None:
             self.dispatcher.ask(ResetEpochRequest(epoch, seed_generator, iter_reset_fn), ResetEpochResponse)
         if resume is not None and not resume.replay_in_main:
