@@ -224,12 +224,16 @@ class MultiProcessingReadingService(
     # --- ReadingServiceInterface --------------------------------------------------------------
 
     def initialize(self, datapipe: DataPipe) -> DataPipe:
+        return self._initialize(datapipe, graph_fingerprint(datapipe), _sharding_of(datapipe))
+
+    def _initialize(self, datapipe: DataPipe, fingerprint: str, sharding: Tuple[int, int]) -> DataPipe:
+        """``initialize``, with the graph's fingerprint and sharding already computed (a
+        restore computes them to validate the state first)."""
         if self._finalized:
             raise ReadingServiceClosedError("the reading service was shut down; create a new one")
         if self._initialized:
             raise ReadingServiceError("initialize() was already called on this reading service")
-        self._fingerprint = graph_fingerprint(datapipe)
-        self._sharding = _sharding_of(datapipe)
+        self._fingerprint, self._sharding = fingerprint, sharding
         runtime: Union[InProcess, WorkerPool]
         if self.num_workers:
             options = WorkerOptions(
@@ -371,7 +375,7 @@ class MultiProcessingReadingService(
             state.check_graph(fingerprint)
             if state.status == "in_epoch":
                 state = self._elastic_start(datapipe, state, sharding)
-        end = self.initialize(datapipe)
+        end = self._initialize(datapipe, fingerprint, sharding)
         self._epoch = state.epoch - 1 if state.status == "in_epoch" else state.epoch
         self._pending_restore = state if state.status == "in_epoch" else None
         return end
