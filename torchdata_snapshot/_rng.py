@@ -22,25 +22,48 @@ from typing import Any, Iterator, Optional, Tuple
 
 import torch
 
+from torchdata_snapshot._rng_memory import U32, NumpyStateReader, packed_random_state
+
 __all__ = [
     "IsolatedRNG",
     "check_global_rng_state",
     "global_rng_state",
-    "pack_global_rng_state",
     "pack_python_state",
+    "packed_global_rng_state",
     "set_global_rng_state",
     "unpack_global_rng_state",
+    "unpack_numpy_state",
     "unpack_python_state",
 ]
 
 
+_numpy_reader: Optional[NumpyStateReader] = None  # made when numpy is first seen imported
+
+
+def _numpy_state() -> Optional[Tuple[Any, ...]]:
+    """numpy's global state with its key as bytes (``None``: numpy is not imported)."""
+    global _numpy_reader
+    numpy = sys.modules.get("numpy")
+    if numpy is None:
+        return None
+    if _numpy_reader is None:
+        _numpy_reader = NumpyStateReader(numpy)
+    return _numpy_reader.read()
+
+
 def global_rng_state() -> Tuple[Any, Any, Any]:
     """The states of ``random``, ``torch`` (CPU) and ``numpy`` (if imported) global RNGs."""
-    numpy = sys.modules.get("numpy")
+    return (random.getstate(), torch.get_rng_state(), unpack_numpy_state(_numpy_state()))
+
+
+def packed_global_rng_state() -> Tuple[Any, Any, Any]:
+    """:func:`global_rng_state` for a checkpoint, read in about 4 us (a capture takes one each
+    time): each Mersenne Twister's words, and torch's state, as bytes."""
+    python = getattr(random.getstate, "__self__", None)  # the instance random's functions use
     return (
-        random.getstate(),
-        torch.get_rng_state(),
-        None if numpy is None else numpy.random.get_state(),
+        pack_python_state(random.getstate()) if python is None else packed_random_state(python),
+        torch.get_rng_state().numpy().tobytes(),
+        _numpy_state(),
     )
 
 
@@ -53,15 +76,11 @@ def set_global_rng_state(state: Tuple[Any, Any, Any]) -> None:
         sys.modules["numpy"].random.set_state(numpy_state)
 
 
-#: A 32-bit unsigned array type code: the words of a Mersenne Twister state.
-_U32 = "I" if array("I").itemsize == 4 else "L"
-
-
 def pack_python_state(state: Tuple[Any, ...]) -> Tuple[Any, ...]:
     """A ``random.getstate()`` with its 625 words as bytes: it pickles in about 1 us instead of
-    10 (a capture pickles one per Python RNG, at every capture)."""
+    10 (:func:`packed_random_state` reads a generator's state in this form directly)."""
     version, words, gauss = state
-    return (version, array(_U32, words).tobytes(), gauss)
+    return (version, array(U32, words).tobytes(), gauss)
 
 
 def unpack_python_state(packed: Any) -> Tuple[Any, ...]:
@@ -69,26 +88,30 @@ def unpack_python_state(packed: Any) -> Tuple[Any, ...]:
     older checkpoints hold, is returned as it is)."""
     version, words, gauss = packed
     if isinstance(words, bytes):
-        unpacked = array(_U32)
+        unpacked = array(U32)
         unpacked.frombytes(words)
         words = tuple(unpacked)
     return (version, words, gauss)
 
 
-def pack_global_rng_state(state: Tuple[Any, Any, Any]) -> Tuple[Any, Any, Any]:
-    """A :func:`global_rng_state` for a checkpoint: Python's words and torch's state as bytes
-    (pickling the tensor alone took 25 us of a capture's ~110)."""
-    python_state, torch_state, numpy_state = state
-    return (pack_python_state(python_state), torch_state.numpy().tobytes(), numpy_state)
+def unpack_numpy_state(packed: Optional[Tuple[Any, ...]]) -> Optional[Tuple[Any, ...]]:
+    """The ``numpy.random.get_state()`` of a packed one, whose key is bytes (one that is not
+    packed, as older checkpoints hold, is returned as it is)."""
+    if packed is None or not isinstance(packed[1], bytes):
+        return packed
+    import numpy  # (the state of a process that had it; unpickling bytes does not import it)
+
+    name, key, *rest = packed
+    return (name, numpy.frombuffer(key, dtype=numpy.uint32).copy(), *rest)
 
 
 def unpack_global_rng_state(packed: Any) -> Tuple[Any, Any, Any]:
-    """The :func:`global_rng_state` of :func:`pack_global_rng_state` (or of an older checkpoint,
+    """The :func:`global_rng_state` of :func:`packed_global_rng_state` (or of an older checkpoint,
     which held it unpacked)."""
     python_state, torch_state, numpy_state = packed
     if isinstance(torch_state, bytes):
         torch_state = torch.frombuffer(bytearray(torch_state), dtype=torch.uint8)
-    return (unpack_python_state(python_state), torch_state, numpy_state)
+    return (unpack_python_state(python_state), torch_state, unpack_numpy_state(numpy_state))
 
 
 def check_global_rng_state(state: Any) -> None:

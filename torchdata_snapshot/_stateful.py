@@ -79,13 +79,12 @@ from torchdata_snapshot._errors import StateCaptureError, StateRestoreError
 from torchdata_snapshot._graph import datapipe_state_dicts, describe_datapipe, graph_datapipes
 from torchdata_snapshot._rng import (
     check_global_rng_state,
-    global_rng_state,
-    pack_global_rng_state,
-    pack_python_state,
+    packed_global_rng_state,
     set_global_rng_state,
     unpack_global_rng_state,
     unpack_python_state,
 )
+from torchdata_snapshot._rng_memory import packed_random_state
 
 __all__ = [
     "ADAPTERS",
@@ -240,7 +239,7 @@ class ResumableShuffler(Resumable):
         return {
             "enabled": self._enabled,
             "buffer": list(self._buffer),
-            "rng": pack_python_state(self._rng.getstate()),
+            "rng": packed_random_state(self._rng),
         }
 
     def __len__(self) -> int:
@@ -592,7 +591,7 @@ def capture_graph_state(graph: List[Tuple[str, DataPipe]]) -> bytes:
 
     Raises :class:`StateCaptureError` naming the DataPipe whose state fails or does not pickle.
     """
-    states: Dict[str, Any] = {_RNG_KEY: pack_global_rng_state(global_rng_state())}
+    states: Dict[str, Any] = {_RNG_KEY: packed_global_rng_state()}
     for key, dp in graph:
         if not _started_since_forgotten(dp):
             continue  # not started in this epoch (or pass): it will start afresh after a restore too

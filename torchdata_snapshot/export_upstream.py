@@ -45,6 +45,7 @@ LAYOUT: Dict[str, str] = {
     "_digest": "torchdata/dataloader2/utils/digest.py",
     "_replay": "torchdata/dataloader2/utils/replay.py",
     "_graph": "torchdata/dataloader2/graph/snapshot_utils.py",
+    "_rng_memory": "torchdata/dataloader2/utils/rng_memory.py",
     "_rng": "torchdata/dataloader2/utils/rng.py",
     "_stateful": "torchdata/dataloader2/utils/stateful.py",
     "_stream": "torchdata/dataloader2/communication/stream.py",
@@ -133,8 +134,8 @@ SERIES: Tuple[Commit, ...] = (
         "time independent of the position: resumable IterableWrapper, Shuffler, UnBatcher,\n"
         "FlatMapper, Header, Cycler, Concater, Multiplexer, FileLister; the global RNG states; any\n"
         "DataPipe with state_dict()/load_state_dict().",
-        ("_graph", "_rng", "_stateful"),
-        ("test_rng.py", "test_stateful.py", "test_stateful_equivalence.py"),
+        ("_graph", "_rng_memory", "_rng", "_stateful"),
+        ("test_rng_memory.py", "test_rng.py", "test_stateful.py", "test_stateful_equivalence.py"),
     ),
     Commit(
         "[DataLoader2] Add an outbox thread that streams a worker's items as soon as they exist",
