@@ -132,8 +132,9 @@ class WorkerLoop(ServingLoop):
         healthy = self.init_error is None
         self._graph: List[Tuple[str, DataPipe]] = graph_datapipes(self.datapipe) if healthy else []
         self._sources: List[DispatchedSource] = find_dispatched_sources(self.datapipe) if healthy else []
-        # The sharding point whose position each item carries (see torchdata_snapshot._elastic).
-        self._sharding = self._find_sharding_point() if healthy else None
+        # The sharding point whose position each item carries (see torchdata_snapshot._elastic),
+        # found at each epoch's reset (the reset function may replace DataPipes of the graph).
+        self._sharding: Optional[ShardingFilterIterDataPipe] = None
         self._taken_before = 0  # sharding_taken_before(self._sharding), read once per iteration
 
     # --- main loop ------------------------------------------------------------------------------
