@@ -92,22 +92,13 @@ class NumpyStateReader:
         """``('MT19937', key, pos, has_gauss, gauss)`` as ``numpy.random.get_state()`` returns
         it, except that ``key`` is the bytes of its array."""
         state = self._numpy.random.mtrand._rand
-        if self._readable(state):
-            return self._read(state)
+        bit_generator = state._bit_generator
+        if self._gauss_fields is not None and type(bit_generator) is self._mt19937:
+            if bit_generator is not self._bit_generator:  # (held: its address stays valid)
+                self._bit_generator, self._address = bit_generator, bit_generator.ctypes.state_address
+            return _read_state(state, self._address, self._gauss_fields)
         name, key, *rest = state.get_state()
         return (name, key.tobytes(), *rest)
-
-    def _readable(self, state: Any) -> bool:
-        bit_generator = state._bit_generator
-        if self._gauss_fields is None or type(bit_generator) is not self._mt19937:
-            return False
-        if bit_generator is not self._bit_generator:  # (held: its address stays valid)
-            self._bit_generator, self._address = bit_generator, bit_generator.ctypes.state_address
-        return True
-
-    def _read(self, state: Any) -> Tuple[Any, ...]:
-        assert self._gauss_fields is not None
-        return _read_state(state, self._address, self._gauss_fields)
 
 
 def _read_state(state: Any, address: int, fields: Tuple[int, int]) -> Tuple[Any, ...]:
