@@ -30,6 +30,10 @@ DEFAULT_CONTROL_TIMEOUT_S = 120.0
 #: by the control timeout).
 JOIN_TIMEOUT_S = 10.0
 
+#: At interpreter exit, a pool nobody shut down gets this long to say goodbye before it is killed:
+#: whatever the workers still had to send is of no use to anyone.
+EXIT_JOIN_TIMEOUT_S = 1.0
+
 #: How long shutdown waits for another thread's exchange with the workers before it kills them.
 TERMINATE_LOCK_WAIT_S = 1.0
 

@@ -11,6 +11,7 @@ See NOTE [ Snapshot protocol ] in :mod:`torchdata_snapshot._messages`.
 
 from __future__ import annotations
 
+import atexit
 from typing import Any, Callable, List, Optional, Tuple
 
 from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
@@ -26,7 +27,7 @@ from torchdata_snapshot._compat import (
     find_lca_round_robin_sharding_dp,
     find_replicable_branches,
 )
-from torchdata_snapshot._constants import SMALL_ITEMS_PREFETCH_BYTES
+from torchdata_snapshot._constants import EXIT_JOIN_TIMEOUT_S, SMALL_ITEMS_PREFETCH_BYTES
 from torchdata_snapshot._consumer import WorkerConsumer
 from torchdata_snapshot._dispatcher_client import DispatcherClient
 from torchdata_snapshot._launcher import ProcessLauncher
@@ -80,6 +81,12 @@ class WorkerPool:
         self.dispatcher = dispatcher
         self.end = end  # the main process's graph, the consumer where the replicable branch was
         self.num_workers = consumer.num_workers
+        self._stopped = False
+        # A script may end, raise or exit without DataLoader2.shutdown(). Then multiprocessing's
+        # own exit handler would join the workers, which ignore SIGTERM (see
+        # ignore_job_signals) and wait for this process to end: neither would ever exit. atexit
+        # runs handlers last-registered-first, so this one runs before multiprocessing's.
+        atexit.register(self._stop_at_exit)
 
     @classmethod
     def start(
@@ -226,7 +233,18 @@ class WorkerPool:
 
     def shutdown(self, join_timeout_s: float) -> None:
         """Stop every process (bounded): healthy ones are asked to terminate and get
-        ``join_timeout_s`` to exit; after a failure the survivors are killed at once."""
+        ``join_timeout_s`` to exit; after a failure the survivors are killed at once. Idempotent."""
+        atexit.unregister(self._stop_at_exit)
+        self._stop(join_timeout_s)
+
+    def _stop_at_exit(self) -> None:
+        """The interpreter is exiting and nobody shut the pool down: stop it, briefly."""
+        self._stop(EXIT_JOIN_TIMEOUT_S)
+
+    def _stop(self, join_timeout_s: float) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
         graceful = self.consumer.request_terminate(timeout_s=join_timeout_s)
         if self.dispatcher is not None:
             graceful = graceful and self.dispatcher.say_goodbye()

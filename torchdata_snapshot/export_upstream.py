@@ -178,6 +178,7 @@ SERIES: Tuple[Commit, ...] = (
         ("_dispatcher_client", "_launcher", "_in_process", "_worker_pool", "_elastic", "_reading_service"),
         (
             "test_reading_service.py",
+            "test_exit.py",
             "test_elastic.py",
             "test_restore.py",
             "test_stateful_restore.py",
