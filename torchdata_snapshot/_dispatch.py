@@ -34,7 +34,7 @@ from torchdata_snapshot._channel import (
     ItemEncoder,
     ParentGone,
     ParentWatch,
-    ignore_preemption_signal,
+    ignore_job_signals,
     wait_any,
 )
 from torchdata_snapshot._compat import ExceptionWrapper, extract_wrapper, process_reset_fn
@@ -287,7 +287,7 @@ def run_dispatcher(
 ) -> None:
     """Entry point of the dispatching process."""
     torch.set_num_threads(1)
-    ignore_preemption_signal()
+    ignore_job_signals()
     parent = ParentWatch(parent_pid)
     control.parent = parent
     for endpoint in workers:

@@ -23,7 +23,7 @@ from torchdata_snapshot._channel import (
     ItemEncoder,
     ParentGone,
     ParentWatch,
-    ignore_preemption_signal,
+    ignore_job_signals,
 )
 from torchdata_snapshot._compat import (
     DispatchPlaceholder,
@@ -450,7 +450,7 @@ def run_worker(
 ) -> None:
     """Entry point of a worker process."""
     torch.set_num_threads(1)
-    ignore_preemption_signal()
+    ignore_job_signals()
     endpoint.parent = ParentWatch(parent_pid)
     if dispatcher_link is not None:
         dispatcher_link.bind("dispatching process", watch=endpoint.check_parent, pid=dispatcher_pid)

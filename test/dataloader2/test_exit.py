@@ -177,7 +177,9 @@ def _leave_and_check_the_exit(proc: subprocess.Popen, how: str, context: str) ->
         if how == "dropped":
             assert stdout.split() == ["alive", "after", "drop"], "workers outlived their loader"
         if how in ("keyboard_interrupt", "sigint"):
-            assert "KeyboardInterrupt" in stderr and "WorkerDiedError" not in stderr, stderr
+            # the training process's own KeyboardInterrupt, not a worker's nor a dead worker
+            assert stderr.count("Traceback") == 1, stderr
+            assert stderr.rstrip().endswith("KeyboardInterrupt") and "WorkerDiedError" not in stderr, stderr
         if how == "worker_error":
             assert "a map function failed in a worker" in stderr, stderr
         assert took < EXIT_LIMIT_S
