@@ -7,7 +7,7 @@ Swap one import::
 and every upstream behaviour keeps working, plus :meth:`MultiProcessingReadingService.snapshot`.
 """
 
-from torchdata_snapshot._elastic import gather_elastic_state
+from torchdata_snapshot._elastic import gather_elastic_state, register_elastic
 from torchdata_snapshot._errors import (
     CheckpointError,
     IncompatibleCheckpointError,
@@ -48,5 +48,6 @@ __all__ = [
     "WorkerSnapshot",
     "WorkerTimeoutError",
     "gather_elastic_state",
+    "register_elastic",
     "register_state_functions",
 ]

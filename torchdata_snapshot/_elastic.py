@@ -7,14 +7,22 @@ received is a prefix of each sharding instance's elements: every DataPipe betwee
 point and the user must hand on the items of the elements it took as soon as it can, holding
 none back across its outputs (``elastic_refusal`` checks the graph), and the checkpoint must
 know every instance's count, over all ranks of a distributed job (``gather_elastic_state``).
+
+Whether a DataPipe holds elements depends on its code, not on the class it derives from: a
+subclass of ``map`` may keep an item back. So the check matches exact types: upstream's
+(``ELASTIC_AFTER_SHARDING``), and classes their author declared with
+:func:`~torchdata_snapshot.register_elastic`. The declaration is an attribute of the class
+itself, not an entry in a table of this module; the check runs in the process that restores,
+before any worker starts.
 """
 
 from __future__ import annotations
 
 import pickle
 from dataclasses import replace
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
+from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter.callable import CollatorIterDataPipe, MapperIterDataPipe
 from torch.utils.data.datapipes.iter.grouping import BatcherIterDataPipe
 from torch.utils.data.datapipes.iter.selecting import FilterIterDataPipe
@@ -35,18 +43,52 @@ __all__ = [
     "ELASTIC_AFTER_SHARDING",
     "elastic_refusal",
     "gather_elastic_state",
+    "register_elastic",
     "replicable_branch",
     "resume_levels",
 ]
 
-#: DataPipes that may stand between the sharding point and the user in an elastic graph: when
-#: one of them yields, it holds no element it took (a batch yields once full, and is empty then).
+#: DataPipes that may stand between the sharding point and the user in an elastic graph, by
+#: exact type: when one of them yields, it holds no element it took (a batch yields once full,
+#: and is empty then). A subclass may hold some: it needs its own :func:`register_elastic`.
 ELASTIC_AFTER_SHARDING: Tuple[type, ...] = (
     MapperIterDataPipe,
     FilterIterDataPipe,
     BatcherIterDataPipe,
     CollatorIterDataPipe,
 )
+
+#: The class attribute in which :func:`register_elastic` records a declaration: the class it
+#: was made for, so that a subclass, which inherits the attribute, is not taken as declared.
+_DECLARED_ELASTIC = "_torchdata_snapshot_elastic"
+
+_DataPipeType = TypeVar("_DataPipeType", bound=type)
+
+
+def register_elastic(datapipe_type: _DataPipeType) -> _DataPipeType:
+    """Declare that DataPipes of exactly ``datapipe_type`` may run between ``sharding_filter``
+    and the user in a graph that resumes elastically (``MultiProcessingReadingService(...,
+    elastic=True)``), as upstream's ``map``, ``filter``, ``batch`` and ``collate`` do.
+
+    Declare only a class that, whenever it yields, holds none of the elements it took: each was
+    handed on whole (in this output or an earlier one) or dropped. One that keeps an element
+    back (a buffer, a pair) or yields an element's items over several outputs would lose or
+    repeat elements on an elastic resume. The declaration covers the class, not its subclasses.
+    It is an attribute of the class: declared where the class is defined (as a class decorator:
+    ``datapipe_type`` is returned), it holds in every process that imports the class, the
+    restoring one among them (the check runs there, before any worker starts).
+    """
+    if not (isinstance(datapipe_type, type) and issubclass(datapipe_type, IterDataPipe)):
+        raise TypeError(f"register_elastic() takes an IterDataPipe class, got {datapipe_type!r:.200}")
+    setattr(datapipe_type, _DECLARED_ELASTIC, datapipe_type)
+    return datapipe_type
+
+
+def _is_elastic(datapipe: DataPipe) -> bool:
+    """Whether ``datapipe`` may run after the sharding point of an elastic graph: its exact type
+    is one of :data:`ELASTIC_AFTER_SHARDING` or was declared with :func:`register_elastic`."""
+    kind = type(datapipe)
+    return kind in ELASTIC_AFTER_SHARDING or getattr(kind, _DECLARED_ELASTIC, None) is kind
 
 
 def replicable_branch(datapipe: DataPipe) -> DataPipe:
@@ -61,7 +103,8 @@ def elastic_refusal(datapipe: DataPipe, replicable: Optional[DataPipe] = None) -
 
     It can when the graph has one sharding filter, no dispatching process, and between the
     sharding filter and the end of ``replicable`` (the part the workers run: ``datapipe``
-    itself if not given) only DataPipes of :data:`ELASTIC_AFTER_SHARDING`, in a chain.
+    itself if not given) only DataPipes of :data:`ELASTIC_AFTER_SHARDING` (by exact type) or
+    declared with :func:`register_elastic`, in a chain.
     """
     graph = traverse_dps(datapipe)
     if find_lca_round_robin_sharding_dp(graph) is not None or find_dps(graph, DispatchPlaceholder):
@@ -75,12 +118,14 @@ def elastic_refusal(datapipe: DataPipe, replicable: Optional[DataPipe] = None) -
         ((dp, parents),) = node.values()
         if dp is sf:
             return None
-        if not isinstance(dp, ELASTIC_AFTER_SHARDING) or len(parents) != 1:
+        if not _is_elastic(dp) or len(parents) != 1:
             return (
                 f"DataPipe {describe_datapipe(dp)} runs after sharding_filter: only "
-                f"{', '.join(kind.__name__ for kind in ELASTIC_AFTER_SHARDING)} may (a DataPipe that "
-                "holds elements across its outputs, such as shuffle, bucketbatch or flatmap, would "
-                "lose or repeat them when the elements are dealt to other workers)"
+                f"{', '.join(kind.__name__ for kind in ELASTIC_AFTER_SHARDING)} (exactly these classes, "
+                "not subclasses) and classes declared with torchdata_snapshot.register_elastic() may, "
+                "in a chain (a DataPipe that holds elements across its outputs, such as shuffle, "
+                "bucketbatch, flatmap or a subclass of map that keeps an item back, would lose or "
+                "repeat them when the elements are dealt to other workers)"
             )
         node = parents
 

@@ -11,7 +11,10 @@ from typing import Any, Callable, Dict, Iterator, List
 import numpy
 import torch
 from torch.utils.data import IterDataPipe
+from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
 from torchdata.datapipes.iter import IterableWrapper
+
+from torchdata_snapshot import register_elastic
 
 #: Start method of the tests that do not choose one (``pytest --mp-context spawn`` sets it).
 CONTEXT = os.environ.get("TORCHDATA_SNAPSHOT_TEST_CONTEXT", "fork")
@@ -74,6 +77,31 @@ class NonReplicable(IterDataPipe):
 
     def is_replicable(self) -> bool:
         return False
+
+
+class SwappedPairs(MapperIterDataPipe):
+    """``map(fn)`` handing on its items in swapped pairs (``fn(b), fn(a)`` for ``a, b``): a
+    subclass of upstream's ``Mapper`` that, unlike it, holds an item across its outputs."""
+
+    def __iter__(self) -> Iterator[Any]:
+        held: List[Any] = []
+        for x in self.datapipe:
+            if held:
+                yield self.fn(x)
+                yield self.fn(held.pop())
+            else:
+                held.append(x)
+        for x in held:
+            yield self.fn(x)
+
+
+@register_elastic
+class ElasticDoubling(MapperIterDataPipe):
+    """``map(double)`` as a subclass of upstream's ``Mapper``: one item per item, holding none,
+    declared elastic where it is defined (a restored graph that holds it imports this module)."""
+
+    def __init__(self, source: IterDataPipe) -> None:
+        super().__init__(source, double)
 
 
 class CountingWithState(IterDataPipe):
@@ -163,6 +191,16 @@ def _sharding_under_cycle(n: int) -> IterDataPipe:
 @_register("non_replicable_tail")
 def _tail(n: int) -> IterDataPipe:
     return NonReplicable(IterableWrapper(range(n)).shuffle().sharding_filter().map(double)).map(double)
+
+
+@_register("swapped_pairs_after_sharding")
+def _swapped_after(n: int) -> IterDataPipe:
+    return SwappedPairs(IterableWrapper(range(n)).shuffle().sharding_filter(), double)
+
+
+@_register("declared_elastic_subclass")
+def _declared_elastic(n: int) -> IterDataPipe:
+    return ElasticDoubling(IterableWrapper(range(n)).shuffle().sharding_filter())
 
 
 @_register("dispatch")

@@ -16,10 +16,12 @@ import pytest
 from contract import Config, Resumer, ResumeTask, encode_state, reference, take_states
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pipelines import kill_once_at_reset, pipeline, rs, take, tiny
+from pipelines import ElasticDoubling, double, kill_once_at_reset, pipeline, rs, take, tiny
 from torchdata.dataloader2 import DataLoader2
+from torchdata.datapipes.iter import IterableWrapper
 
-from torchdata_snapshot import IncompatibleCheckpointError
+from torchdata_snapshot import IncompatibleCheckpointError, register_elastic
+from torchdata_snapshot._elastic import elastic_refusal
 
 #: Pipeline shapes whose epochs resume elastically (see pipelines.py).
 ELASTIC_SHAPES = ["shuffle_before_sharding", "batch", "uneven_filter", "global_rng", "map_filter_batch"]
@@ -162,6 +164,43 @@ def test_graphs_that_would_lose_or_repeat_elements_are_refused_naming_why(
     with pytest.raises(IncompatibleCheckpointError, match=culprit):
         iter(restore(state, rs(3, elastic=True)))
     assert set(multiprocessing.active_children()) == children, "nothing starts for a refused resume"
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_subclass_of_map_that_holds_an_item_is_refused_naming_it(
+    make_dl: Any, restore: Any, k: int
+) -> None:
+    """A ``Mapper`` subclass handing on its items in swapped pairs holds one across its outputs:
+    resumed 2 -> 3 workers after an odd number of items, the element it held would be lost."""
+    dl = make_dl(pipeline("swapped_pairs_after_sharding", 40), rs(2))
+    take(iter(dl), k)
+    state = dl.state_dict()
+    children = set(multiprocessing.active_children())
+    culprit = r"pipelines\.SwappedPairs runs after sharding_filter"
+    with pytest.raises(IncompatibleCheckpointError, match=culprit):
+        iter(restore(state, rs(3, elastic=True)))
+    assert set(multiprocessing.active_children()) == children, "nothing starts for a refused resume"
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_subclass_declared_with_register_elastic_resumes_elastically(resumer: Resumer, k: int) -> None:
+    resume_elastically(resumer, Config("declared_elastic_subclass", 2, n=40, epoch=0), k, 3)
+
+
+class ElasticDoublingSubclass(ElasticDoubling):
+    """Not declared: it inherits its base's declaration, which covers the base only."""
+
+
+def test_a_declaration_covers_its_class_and_not_its_subclasses() -> None:
+    def graph(kind: type) -> Any:
+        return kind(IterableWrapper(range(8)).sharding_filter())
+
+    assert register_elastic(ElasticDoubling) is ElasticDoubling, "returns the class: a class decorator"
+    assert elastic_refusal(graph(ElasticDoubling)) is None
+    refusal = elastic_refusal(graph(ElasticDoublingSubclass))
+    assert refusal is not None and "ElasticDoublingSubclass runs after sharding_filter" in refusal
+    with pytest.raises(TypeError, match="IterDataPipe class"):
+        register_elastic(double)  # type: ignore[type-var]
 
 
 def test_without_the_opt_in_another_num_workers_is_refused_naming_it(make_dl: Any, restore: Any) -> None:

@@ -21,6 +21,7 @@ EXPECTED_PUBLIC_NAMES = [
     "WorkerSnapshot",
     "WorkerTimeoutError",
     "gather_elastic_state",
+    "register_elastic",
     "register_state_functions",
 ]
 
