@@ -5,8 +5,8 @@ prefetching, everything upstream of the outlet runs ahead. The outlet counts wha
 notes when ``StopIteration`` reached the user, and keeps the position in each worker's stream
 that the user reached:
 
-* when the main-process tail is one-to-one (no tail, or ``map``, ``fullsync``, ``prefetch``,
-  ``pin_memory``) the consumer and the outlet share a
+* when the main-process tail is one-to-one (no tail, or ``map``, ``collate``, ``fullsync``,
+  ``prefetch``, ``pin_memory``, by exact class) the consumer and the outlet share a
   :class:`~torchdata_snapshot._positions.UserPositions`: the outlet takes one record of the
   consumer's for each item it hands to the user, so ``positions.delivered[i]`` is exactly how
   far the user got into worker ``i``'s stream, whatever the tail buffers;

@@ -2,7 +2,8 @@
 
 A checkpoint describes what the *user* received, while everything before the outlet runs ahead.
 When the DataPipes between the consumer and the outlet hand on exactly one item per item they
-take, in order (no tail, or ``map``, ``fullsync``, ``prefetch``), the position is known exactly:
+take, in order (no tail, or ``map``, ``collate``, ``fullsync``, ``prefetch``, ``pin_memory``:
+:data:`ONE_TO_ONE_TAIL`, see :func:`not_one_to_one`), the position is known exactly:
 the consumer records which worker each item it hands on came from, and the outlet takes one
 record for every item it delivers. Both are given the same ``UserPositions`` by the reading
 service; see NOTE [ Snapshot protocol ] in :mod:`torchdata_snapshot._messages`.
@@ -11,9 +12,34 @@ service; see NOTE [ Snapshot protocol ] in :mod:`torchdata_snapshot._messages`.
 from __future__ import annotations
 
 from collections import deque
-from typing import Deque, List, Optional, Sequence
+from typing import Deque, List, Optional, Sequence, Tuple
 
-__all__ = ["UserPositions"]
+from torch.utils.data.datapipes.iter.callable import CollatorIterDataPipe, MapperIterDataPipe
+from torchdata.dataloader2.graph import DataPipe, list_dps, traverse_dps
+from torchdata.datapipes.iter import FullSync as FullSyncIterDataPipe
+from torchdata.datapipes.iter import PinMemory as PinMemoryIterDataPipe
+from torchdata.datapipes.iter import Prefetcher as PrefetcherIterDataPipe
+
+__all__ = ["ONE_TO_ONE_TAIL", "UserPositions", "not_one_to_one"]
+
+#: Main-process DataPipes that hand on exactly one item per item they take, in order, by exact
+#: type: a subclass may not (a ``map`` subclass may keep items back). Through a tail made only of
+#: these, the user's position maps onto the workers' streams.
+ONE_TO_ONE_TAIL: Tuple[type, ...] = (
+    MapperIterDataPipe,
+    CollatorIterDataPipe,
+    FullSyncIterDataPipe,
+    PrefetcherIterDataPipe,
+    PinMemoryIterDataPipe,
+)
+
+
+def not_one_to_one(end: DataPipe, replicable: DataPipe) -> List[DataPipe]:
+    """The DataPipes of ``end``'s graph that stay in the main process (all but the replicable
+    branch) and are not known to hand on one item per item they take, output first."""
+    in_workers = {id(dp) for dp in list_dps(traverse_dps(replicable))}
+    tail = [dp for dp in list_dps(traverse_dps(end)) if id(dp) not in in_workers]
+    return [dp for dp in tail if type(dp) not in ONE_TO_ONE_TAIL]
 
 
 class UserPositions:

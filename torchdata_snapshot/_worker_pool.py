@@ -14,11 +14,8 @@ from __future__ import annotations
 import atexit
 from typing import Any, Callable, List, Optional, Tuple
 
-from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
-from torchdata.dataloader2.graph import DataPipe, list_dps, replace_dp, set_graph_random_seed, traverse_dps
+from torchdata.dataloader2.graph import DataPipe, replace_dp, set_graph_random_seed, traverse_dps
 from torchdata.dataloader2.random import SeedGenerator
-from torchdata.datapipes.iter import FullSync as FullSyncIterDataPipe
-from torchdata.datapipes.iter import Prefetcher as PrefetcherIterDataPipe
 
 from torchdata_snapshot._channel import Channel
 from torchdata_snapshot._checkpoint import Checkpoint, WorkerPosition
@@ -45,23 +42,11 @@ from torchdata_snapshot._messages import (
 )
 from torchdata_snapshot._options import FaultOptions, WorkerOptions
 from torchdata_snapshot._outlet import Outlet
-from torchdata_snapshot._positions import UserPositions
+from torchdata_snapshot._positions import UserPositions, not_one_to_one
 from torchdata_snapshot._remaining import ElasticEpoch
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
 __all__ = ["WorkerPool"]
-
-#: Main-process DataPipes that hand on exactly one item per item they take, in order. Through a
-#: tail made only of these, the user's position maps onto the workers' streams.
-_ONE_TO_ONE_TAIL = (MapperIterDataPipe, FullSyncIterDataPipe, PrefetcherIterDataPipe)
-
-
-def _is_one_to_one_tail(end: DataPipe, replicable: DataPipe) -> bool:
-    """Whether the DataPipes of ``end``'s graph that stay in the main process (all but the
-    replicable branch) hand on one item per item they take."""
-    in_workers = {id(dp) for dp in list_dps(traverse_dps(replicable))}
-    tail = [dp for dp in list_dps(traverse_dps(end)) if id(dp) not in in_workers]
-    return all(isinstance(dp, _ONE_TO_ONE_TAIL) for dp in tail)
 
 
 class WorkerPool:
@@ -137,7 +122,7 @@ class WorkerPool:
             window,
             faults.control_timeout_s,
             faults.timeout_s,
-            positions=UserPositions(num_workers) if _is_one_to_one_tail(datapipe, replicable_dp) else None,
+            positions=None if not_one_to_one(datapipe, replicable_dp) else UserPositions(num_workers),
             respawn=launcher.restart_worker if faults.restart_dead_workers else None,
             restarts_allowed=faults.restart_dead_workers,
             small_items_bytes=SMALL_ITEMS_PREFETCH_BYTES,

@@ -198,6 +198,13 @@ def _swapped_after(n: int) -> IterDataPipe:
     return SwappedPairs(IterableWrapper(range(n)).shuffle().sharding_filter(), double)
 
 
+@_register("swapped_pairs_tail")
+def _swapped_tail(n: int) -> IterDataPipe:
+    """A ``Mapper`` subclass holding items, in the main process (after ``fullsync``: needs a
+    process group)."""
+    return SwappedPairs(IterableWrapper(range(n)).shuffle().sharding_filter().map(double).fullsync(), double)
+
+
 @_register("declared_elastic_subclass")
 def _declared_elastic(n: int) -> IterDataPipe:
     return ElasticDoubling(IterableWrapper(range(n)).shuffle().sharding_filter())
