@@ -37,6 +37,7 @@ from torchdata_snapshot._compat import (
 )
 from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
 from torchdata_snapshot._graph import describe_datapipe
+from torchdata_snapshot._positions import ONE_TO_ONE_TAIL, not_one_to_one
 from torchdata_snapshot._remaining import Level
 
 __all__ = [
@@ -130,14 +131,14 @@ def elastic_refusal(datapipe: DataPipe, replicable: Optional[DataPipe] = None) -
         node = parents
 
 
-def resume_levels(state: Checkpoint) -> Tuple[Level, ...]:
+def resume_levels(state: Checkpoint, datapipe: DataPipe) -> Tuple[Level, ...]:
     """The levels of an elastic resume of ``state``'s epoch: those of earlier elastic resumes,
     then what the user had received at ``state``, over every rank. Raises
-    :class:`IncompatibleCheckpointError` if the checkpoint does not tell."""
+    :class:`IncompatibleCheckpointError` if the checkpoint does not tell (``datapipe``, the graph
+    being restored, tells why when the position was replayed in the main process)."""
     if state.replay_in_main or state.sharding is None:
         reason = (
-            "it was taken with num_workers=0 or with DataPipes after the workers that do not hand on "
-            "one item per item (its position is replayed in the main process)"
+            _why_replayed_in_main(state, datapipe)
             if state.replay_in_main
             else "it was taken by a version of torchdata_snapshot that did not record sharding positions"
         )
@@ -160,6 +161,26 @@ def resume_levels(state: Checkpoint) -> Tuple[Level, ...]:
             "positions (the graph has no single sharding_filter, or uses sharding_round_robin_dispatch)"
         )
     return (*(Level(level) for level in state.remaining), Level(tuple(taken)))  # type: ignore[arg-type]
+
+
+def _why_replayed_in_main(state: Checkpoint, datapipe: DataPipe) -> str:
+    """Why ``state`` holds no position in its workers' streams (the main process replays the
+    user's position instead), named from ``datapipe``, the graph being restored."""
+    if state.num_workers == 0:
+        return (
+            "it was taken with num_workers=0: the graph ran in the main process, so the checkpoint "
+            "holds no position in any worker's stream"
+        )
+    culprits = not_one_to_one(datapipe, replicable_branch(datapipe))
+    if not culprits:  # not for the graph that was checkpointed (its fingerprint matched)
+        return "its position is replayed in the main process, not recorded per worker"
+    return (
+        "it was taken with DataPipes after the workers, in the main process, that are not known to "
+        f"hand on one item per item: {', '.join(describe_datapipe(dp) for dp in culprits)} (only "
+        f"{', '.join(kind.__name__ for kind in ONE_TO_ONE_TAIL)} are, by exact class), so it does not "
+        "tell how far the user got into each worker's stream (a restore with the same num_workers "
+        "replays the position in the main process)"
+    )
 
 
 def gather_elastic_state(state_dict: Dict[str, Any], group: Optional[Any] = None) -> Dict[str, Any]:

@@ -390,7 +390,7 @@ class MultiProcessingReadingService(
             raise IncompatibleCheckpointError(
                 f"the epoch cannot resume with another number of workers or ranks: {refusal}"
             )
-        levels = resume_levels(state)
+        levels = resume_levels(state, datapipe)
         assert state.sharding is not None  # resume_levels checked it
         first_instance = state.sharding[1] * state.num_workers
         self._head_states = tuple(

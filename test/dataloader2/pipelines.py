@@ -205,6 +205,13 @@ def _swapped_tail(n: int) -> IterDataPipe:
     return SwappedPairs(IterableWrapper(range(n)).shuffle().sharding_filter().map(double).fullsync(), double)
 
 
+@_register("filtering_tail")
+def _filtering_tail(n: int) -> IterDataPipe:
+    """A ``filter`` in the main process (after ``fullsync``: needs a process group)."""
+    source = IterableWrapper(range(n)).shuffle().sharding_filter().map(double)
+    return source.fullsync().filter(not_multiple_of_3)
+
+
 @_register("declared_elastic_subclass")
 def _declared_elastic(n: int) -> IterDataPipe:
     return ElasticDoubling(IterableWrapper(range(n)).shuffle().sharding_filter())

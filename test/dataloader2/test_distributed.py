@@ -125,6 +125,34 @@ def test_a_main_process_map_subclass_that_holds_items_restores_exactly(tmp_path:
         assert got == result["epoch"], f"restored after {k} items"
 
 
+def elastic_refusal_at(rank: int, world_size: int, shape: str, k: int) -> str:
+    """The message refusing to resume pipeline ``shape``, checkpointed with 2 workers after ``k``
+    items, with 3 workers and ``elastic=True`` (empty if it resumes)."""
+    from pipelines import pipeline, rs, take
+    from torchdata.dataloader2 import DataLoader2
+
+    from torchdata_snapshot import IncompatibleCheckpointError
+
+    dl = DataLoader2(pipeline(shape, 40), reading_service=rs(2))
+    take(iter(dl), k)
+    state = dl.state_dict()
+    dl.shutdown()
+    restored = DataLoader2.from_state(state, rs(3, elastic=True))
+    try:
+        iter(restored)
+    except IncompatibleCheckpointError as e:
+        return str(e)
+    finally:
+        restored.shutdown()
+    return ""
+
+
+def test_an_elastic_resume_refused_for_a_main_process_filter_names_it_and_why(tmp_path: Path) -> None:
+    (refusal,) = run_ranks(elastic_refusal_at, tmp_path, world_size=1, shape="filtering_tail", k=5)
+    assert "FilterIterDataPipe" in refusal and "not known to hand on one item per item" in refusal, refusal
+    assert "how far the user got into each worker's stream" in refusal, refusal
+
+
 def _elastic_loader(num_workers: int, n: int, elastic: bool = False) -> Any:
     from pipelines import tiny
     from torchdata.dataloader2 import DataLoader2
