@@ -316,9 +316,12 @@ class CountingStateful(IterDataPipe):
     restore it shows how much of the stream was recomputed.
     """
 
-    def __init__(self, n: int, fail_on_load: bool = False) -> None:
+    #: Set on an instance, its ``load_state_dict`` refuses every state, as a DataPipe whose data
+    #: changed since the state was taken does (its data, not one of its constructor arguments).
+    fail_on_load = False
+
+    def __init__(self, n: int) -> None:
         self.n = n
-        self.fail_on_load = fail_on_load
         self.position = 0
         self.pulled = 0
         self._loaded: Any = None
@@ -339,6 +342,13 @@ class CountingStateful(IterDataPipe):
             raise ValueError("this state belongs to another dataset")
         self._loaded = state["position"]
         self.pulled = 0
+
+
+def failing_counter(n: int) -> CountingStateful:
+    """A ``CountingStateful(n)`` whose ``load_state_dict`` fails."""
+    dp = CountingStateful(n)
+    dp.fail_on_load = True
+    return dp
 
 
 @_register("stateful_source")

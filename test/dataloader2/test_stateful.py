@@ -11,7 +11,7 @@ from typing import Any, Callable, List
 
 import pytest
 import torch
-from pipelines import CountingStateful, double, is_even, split
+from pipelines import CountingStateful, double, failing_counter, is_even, split
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torchdata.dataloader2.graph import set_graph_random_seed
 from torchdata.dataloader2.random import SeedGenerator
@@ -166,7 +166,7 @@ def test_unknown_datapipes_keep_the_graph_on_replay_until_registered() -> None:
 
 
 def test_a_failing_load_state_dict_names_the_datapipe() -> None:
-    dp = CountingStateful(10, fail_on_load=True)
+    dp = failing_counter(10)
     blob = capture_graph_state(graph_datapipes(CountingStateful(10)))
     with pytest.raises(
         StateRestoreError, match=r"load_state_dict\(\) of DataPipe 0:CountingStateful .* another dataset"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from pipelines import CountingStateful, double, five_milliseconds, pipeline, rs, take
+from pipelines import CountingStateful, double, failing_counter, five_milliseconds, pipeline, rs, take
 from torchdata.dataloader2 import DataLoader2
 
 from torchdata_snapshot import StateCaptureError, StateRestoreError
@@ -119,7 +119,7 @@ def test_a_failing_load_state_dict_is_a_clear_error(make_dl: Any) -> None:
     take(iter(dl), 100)
     state = dl.state_dict()
     failing = DataLoader2.from_state(state, rs(2))
-    failing.datapipe = CountingStateful(400, fail_on_load=True).sharding_filter()
+    failing.datapipe = failing_counter(400).sharding_filter()
     try:
         with pytest.raises(
             StateRestoreError,
