@@ -1,7 +1,7 @@
 """The reading service's checkpoint: versioned plain data, built, validated and checked here.
 
-``MultiProcessingReadingService.checkpoint()`` returns a ``dict`` of ints, strings, bools, bytes,
-lists and dicts only (no pickled object of ours), so that it survives ``torch.save``/``torch.load``
+``MultiProcessingReadingService.checkpoint()`` returns a ``dict`` of ints, floats, strings, bools,
+bytes, lists and dicts only (no pickled object of ours), so that it survives ``torch.save``/``torch.load``
 (also with ``weights_only=True``) and ``pickle``, and validating it runs no code. Its size does
 not grow with the position in the epoch: it holds counters, seeds, running digests and, with
 stateful restore, one graph state per worker (``bytes``: the pickled states of its DataPipes, which hold
@@ -15,6 +15,9 @@ Keys (``Checkpoint.to_plain()``)::
     version       FORMAT_VERSION (an int; other versions are refused with a clear error)
     num_workers   the number of workers the state was taken with
     fingerprint   digest of the pipeline's structure (see ``graph_fingerprint``)
+    arguments     per DataPipe (by ``datapipe_key``, e.g. "0:BatcherIterDataPipe"), its plain
+                  constructor arguments ({"batch_size": 4, "drop_last": false}; see
+                  ``_graph.datapipe_arguments``), or None (not recorded: upgraded from version 3)
     epoch         number of the epoch the state belongs to (-1 before the first)
     status        "idle" (no epoch started), "in_epoch", or "finished" (StopIteration reached the user)
     seed          SeedGenerator state at the start of the epoch (``seeds.seed_state``), or None
@@ -40,8 +43,9 @@ Keys (``Checkpoint.to_plain()``)::
     checksum      digest of all the above; any change to the state is detected
 
 Digests are ``None`` where replay verification was off, or nothing was delivered. Versions 1
-(marks: the digest of one item per message) and 2 (no sharding positions) are read and
-upgraded, without digests (1) and without what elastic resume needs (1 and 2).
+(marks: the digest of one item per message), 2 (no sharding positions) and 3 (no arguments) are
+read and upgraded, without digests (1), without what elastic resume needs (1 and 2) and without
+arguments (1 to 3: a restore then checks the structure only).
 """
 
 from __future__ import annotations
@@ -49,26 +53,39 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Optional, Tuple
 
 from torchdata.dataloader2.graph import DataPipe, traverse_dps
 
 from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
-from torchdata_snapshot._graph import describe_datapipe
+from torchdata_snapshot._graph import (
+    FUNCTION_ATTRIBUTES,
+    NOT_PLAIN,
+    datapipe_arguments,
+    describe_datapipe,
+    function_name,
+    graph_datapipes,
+    plain_data,
+)
 from torchdata_snapshot._seeds import check_seed_state
 
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
+    "Arguments",
     "Checkpoint",
+    "GraphIdentity",
     "GraphState",
     "WorkerPosition",
+    "graph_arguments",
     "graph_fingerprint",
+    "graph_identity",
 ]
 
 FORMAT = "torchdata_snapshot.MultiProcessingReadingService"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 #: Where the run stood: no epoch started yet, in an epoch, or the epoch's end reached the user.
 Status = Literal["idle", "in_epoch", "finished"]
@@ -78,12 +95,16 @@ STATUSES: Tuple[Status, ...] = ("idle", "in_epoch", "finished")
 #: ``position``-th item, and the stream's running digest there (``None`` if unknown).
 GraphState = Tuple[int, bytes, Optional[str]]
 
+#: Per DataPipe of a graph, by ``datapipe_key``: its plain constructor arguments by name.
+Arguments = Dict[str, Dict[str, Any]]
+
 _DIGEST = re.compile(r"^[0-9a-f]{16}$")
 _KEYS = (
     "format",
     "version",
     "num_workers",
     "fingerprint",
+    "arguments",
     "epoch",
     "status",
     "seed",
@@ -97,12 +118,14 @@ _KEYS = (
     "ranks",
     "checksum",
 )
-_KEYS_V2 = tuple(key for key in _KEYS if key not in ("sharding", "remaining", "ranks"))
+_KEYS_V3 = tuple(key for key in _KEYS if key != "arguments")
+_KEYS_V2 = tuple(key for key in _KEYS_V3 if key not in ("sharding", "remaining", "ranks"))
 
 #: The top-level keys of each format version this module reads (older ones are upgraded).
 _READABLE_KEYS = {
     1: tuple("mark" if key == "digest" else key for key in _KEYS_V2),
     2: _KEYS_V2,
+    3: _KEYS_V3,
     FORMAT_VERSION: _KEYS,
 }
 _WORKER_KEYS = {"delivered", "digest", "state", "taken"}
@@ -121,11 +144,21 @@ class WorkerPosition:
 
 
 @dataclass(frozen=True)
+class GraphIdentity:
+    """Which pipeline a state belongs to: the ``fingerprint`` of its structure and the plain
+    constructor ``arguments`` of its DataPipes (``None``: not recorded, in a state upgraded from
+    format version 3 or older)."""
+
+    fingerprint: str
+    arguments: Optional[Arguments] = None
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     """The reading service's state; see the module docstring for the meaning of each field."""
 
     num_workers: int
-    fingerprint: str
+    graph: GraphIdentity
     epoch: int = -1
     status: Status = "idle"
     seed: Optional[Dict[str, Any]] = None
@@ -144,7 +177,10 @@ class Checkpoint:
             "format": FORMAT,
             "version": FORMAT_VERSION,
             "num_workers": self.num_workers,
-            "fingerprint": self.fingerprint,
+            "fingerprint": self.graph.fingerprint,
+            "arguments": None
+            if self.graph.arguments is None
+            else {key: dict(arguments) for key, arguments in self.graph.arguments.items()},
             "epoch": self.epoch,
             "status": self.status,
             "seed": self.seed,
@@ -210,6 +246,8 @@ class Checkpoint:
             state = _upgrade_from_v1(state)
         if version <= 2:
             state = _upgrade_from_v2(state)
+        if version <= 3:
+            state = _upgrade_from_v3(state)
         num_workers = _count(state, "num_workers")
         workers = state["workers"]
         if not isinstance(workers, list) or len(workers) != num_workers:
@@ -239,6 +277,7 @@ class Checkpoint:
             raise InvalidCheckpointError(f"'next_worker' must be < num_workers, got {next_worker}")
         if not isinstance(state["fingerprint"], str):
             raise InvalidCheckpointError("'fingerprint' must be a string")
+        graph = GraphIdentity(state["fingerprint"], _arguments(state["arguments"]))
         if not isinstance(state["replay_in_main"], bool):
             raise InvalidCheckpointError("'replay_in_main' must be a bool")
         seed = state["seed"]
@@ -267,7 +306,7 @@ class Checkpoint:
             )
         return cls(
             num_workers=num_workers,
-            fingerprint=state["fingerprint"],
+            graph=graph,
             epoch=epoch,
             status=status,
             seed=seed,
@@ -281,9 +320,9 @@ class Checkpoint:
             ranks=ranks,
         )
 
-    def check_fits(self, num_workers: int, fingerprint: str, sharding: Tuple[int, int] = (1, 0)) -> None:
+    def check_fits(self, num_workers: int, graph: GraphIdentity, sharding: Tuple[int, int] = (1, 0)) -> None:
         """Raise :class:`IncompatibleCheckpointError` unless this state fits the given service
-        (``sharding``: its ``(world_size, rank)``) for an exact resume."""
+        and pipeline (``sharding``: its ``(world_size, rank)``) for an exact resume."""
         if self.num_workers != num_workers:
             raise IncompatibleCheckpointError(
                 f"the checkpoint was taken with num_workers={self.num_workers}, this reading service has "
@@ -298,14 +337,23 @@ class Checkpoint:
                 "keeps the world size; MultiProcessingReadingService(..., elastic=True) resumes the epoch "
                 "with another one (see torchdata_snapshot.gather_elastic_state)"
             )
-        self.check_graph(fingerprint)
+        self.check_graph(graph)
 
-    def check_graph(self, fingerprint: str) -> None:
-        """Raise :class:`IncompatibleCheckpointError` unless the state belongs to this graph."""
-        if self.fingerprint != fingerprint:
+    def check_graph(self, graph: GraphIdentity) -> None:
+        """Raise :class:`IncompatibleCheckpointError` unless the state belongs to this graph: the
+        same structure and, where the state recorded them, the same arguments (the message
+        names each DataPipe and argument that differs, with both values)."""
+        if self.graph.fingerprint != graph.fingerprint:
             raise IncompatibleCheckpointError(
-                f"the checkpoint was taken with another pipeline (structure fingerprint {self.fingerprint}, "
-                f"this one is {fingerprint}): restore it with the DataPipe graph it was taken with"
+                f"the checkpoint was taken with another pipeline (structure fingerprint "
+                f"{self.graph.fingerprint}, this one is {graph.fingerprint}): restore it with the "
+                "DataPipe graph it was taken with"
+            )
+        changes = _argument_changes(self.graph.arguments, graph.arguments)
+        if changes:
+            raise IncompatibleCheckpointError(
+                f"the checkpoint was taken with other arguments of its DataPipes ({'; '.join(changes)}): "
+                "restore it with the arguments it was taken with"
             )
 
 
@@ -388,6 +436,60 @@ def _ranks(value: Any, num_workers: int) -> Optional[Tuple[Tuple[Optional[int], 
     return tuple(_counts(rank, f"ranks[{r}]", num_workers, optional=True) for r, rank in enumerate(value))
 
 
+def _arguments(value: Any) -> Optional[Arguments]:
+    if value is None:
+        return None
+    if not (
+        isinstance(value, dict)
+        and all(
+            isinstance(key, str)
+            and isinstance(arguments, dict)
+            and all(
+                isinstance(name, str) and plain_data(v, sys.maxsize) is not NOT_PLAIN
+                for name, v in arguments.items()
+            )
+            for key, arguments in value.items()
+        )
+    ):
+        raise InvalidCheckpointError(
+            "'arguments' must map each DataPipe to a dict of its arguments (plain data) or be None, "
+            f"got {value!r:.200}"
+        )
+    return value
+
+
+def _argument_changes(recorded: Optional[Arguments], current: Optional[Arguments]) -> List[str]:
+    """What differs between the arguments a state recorded and the graph's, one phrase each."""
+    if recorded is None or current is None:
+        return []
+    changes = []
+    for key in dict.fromkeys([*recorded, *current]):
+        if key not in recorded or key not in current:
+            where = "the checkpoint" if key in recorded else "this pipeline"
+            changes.append(f"DataPipe {key} is only in {where}")
+            continue
+        old, new = recorded[key], current[key]
+        for name in dict.fromkeys([*old, *new]):
+            if name not in old or name not in new or _canonical(old[name]) != _canonical(new[name]):
+                was, now = _shown(old, name), _shown(new, name)
+                changes.append(f"DataPipe {key}: {name} was {was} in the checkpoint, is {now} now")
+    return changes
+
+
+def _canonical(value: Any) -> str:
+    """A plain value as compared: JSON tells 1 from 1.0 and True, and NaN equals itself."""
+    return json.dumps(value, sort_keys=True)
+
+
+def _shown(arguments: Dict[str, Any], name: str) -> str:
+    return repr(arguments[name]) if name in arguments else "not recorded"
+
+
+def _upgrade_from_v3(state: Dict[str, Any]) -> Dict[str, Any]:
+    """A version-3 state in version 4's schema: no arguments (a restore checks the structure only)."""
+    return {**state, "version": FORMAT_VERSION, "arguments": None}
+
+
 def _upgrade_from_v2(state: Dict[str, Any]) -> Dict[str, Any]:
     """A version-2 state in version 3's schema: no sharding positions (no elastic resume)."""
     upgraded = {**state, "version": FORMAT_VERSION, "sharding": None, "remaining": [], "ranks": None}
@@ -435,20 +537,34 @@ def _checksum(state: Dict[str, Any]) -> str:
 
 def _describe_node(dp: DataPipe) -> str:
     words = [describe_datapipe(dp)]
-    for attribute in ("fn", "filter_fn"):
+    for attribute in FUNCTION_ATTRIBUTES:
         fn = getattr(dp, attribute, None)
         if callable(fn):
-            name = getattr(fn, "__qualname__", type(fn).__qualname__)
-            words.append(f"{attribute}={getattr(fn, '__module__', '')}.{name}")
+            words.append(f"{attribute}={function_name(fn)}")
     return " ".join(words)
+
+
+def graph_identity(datapipe: DataPipe) -> GraphIdentity:
+    """The graph's fingerprint and arguments, as a state records them and a restore checks them."""
+    return GraphIdentity(graph_fingerprint(datapipe), graph_arguments(datapipe))
+
+
+def graph_arguments(datapipe: DataPipe) -> Arguments:
+    """The plain constructor arguments of every DataPipe of the graph (see
+    :func:`~torchdata_snapshot._graph.datapipe_arguments`), by ``datapipe_key``."""
+    return {key: datapipe_arguments(dp) for key, dp in graph_datapipes(datapipe)}
 
 
 def graph_fingerprint(datapipe: DataPipe) -> str:
     """A digest of the graph's structure: DataPipe types, their map/filter functions, the edges.
 
     Two pipelines built by the same code have the same fingerprint; a pipeline with another
-    DataPipe, another function or another shape has another one. Parameters such as buffer
-    sizes and the data itself are not part of it.
+    DataPipe, another function or another shape has another one. Constructor arguments (batch
+    sizes, buffer sizes, the values a ``functools.partial`` binds) are not part of it: a state
+    records them beside it (:func:`graph_arguments`), so that a mismatch names the DataPipe and
+    the argument; a ``functools.partial`` counts here as ``functools.partial``, there as its
+    function's name. The data itself is part of neither. The digest is the one of format
+    versions 1 to 3, so that their states still restore.
     """
     seen: Dict[int, int] = {}
     lines: List[str] = []

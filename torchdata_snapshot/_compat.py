@@ -35,10 +35,12 @@ from torchdata.dataloader2.utils.dispatch import (
 from torchdata.dataloader2.utils.worker import process_init_fn, process_reset_fn
 from torchdata.datapipes.iter import FlatMapper as FlatMapperIterDataPipe
 from torchdata.datapipes.iter import Prefetcher as PrefetcherIterDataPipe
+from torchdata.datapipes.iter.util.randomsplitter import _RandomSplitterIterDataPipe
 
 __all__ = [
     "DispatchPlaceholder",
     "ExceptionWrapper",
+    "RandomSplitterIterDataPipe",
     "attach_wrapper",
     "calling_dataloader2_is_seeded",
     "extract_wrapper",
@@ -62,6 +64,10 @@ __all__ = [
 
 #: The placeholder DataLoader2 puts where the dispatched part of a graph was.
 DispatchPlaceholder = _DummyIterDataPipe
+
+#: The DataPipe ``random_split`` shares between its outputs (its ``weights`` are those left in
+#: the epoch: they change as it draws).
+RandomSplitterIterDataPipe = _RandomSplitterIterDataPipe
 
 
 def calling_dataloader2_is_seeded(max_depth: int = 12) -> Optional[bool]:

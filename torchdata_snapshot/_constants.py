@@ -81,6 +81,13 @@ DISPATCH_WINDOW = 32
 #: consume very unevenly (a filter after the dispatch) would otherwise grow without bound.
 MAX_PENDING_PER_WORKER = 10_000
 
+# --- the checkpoint -------------------------------------------------------------------------
+
+#: A DataPipe's constructor argument longer than this as JSON (a list of thousands of file names)
+#: is data rather than a setting: the checkpoint does not record it (see ``datapipe_arguments``),
+#: and its size stays that of the pipeline's settings.
+ARGUMENT_MAX_CHARS = 256
+
 # --- sentinel values ------------------------------------------------------------------------
 
 #: The epoch number before the first epoch starts.

@@ -20,7 +20,7 @@ from torchdata.dataloader2.random import SeedGenerator
 from torchdata.dataloader2.reading_service import CheckpointableReadingServiceInterface
 from torchdata.dataloader2.utils import WorkerInfo
 
-from torchdata_snapshot._checkpoint import Checkpoint, WorkerPosition, graph_fingerprint
+from torchdata_snapshot._checkpoint import Checkpoint, GraphIdentity, WorkerPosition, graph_identity
 from torchdata_snapshot._compat import calling_dataloader2_is_seeded
 from torchdata_snapshot._constants import JOIN_TIMEOUT_S, NO_EPOCH
 from torchdata_snapshot._consumer import credit_window
@@ -199,7 +199,7 @@ class MultiProcessingReadingService(
         self._main_datapipes: List[DataPipe] = []  # the DataPipes that run in this process
         self._epoch = NO_EPOCH
         self._epoch_seed: Optional[dict] = None  # SeedGenerator state at the start of the epoch
-        self._fingerprint = ""
+        self._graph = GraphIdentity("")  # the pipeline's fingerprint and arguments
         self._sharding = (1, 0)  # (world_size, rank) of the graph's sharding filter
         self._elastic: Optional[ElasticEpoch] = None  # the epoch resumed elastically (see _elastic)
         self._head_states: Tuple[Tuple[int, bytes], ...] = ()  # for the pending elastic restore
@@ -224,16 +224,16 @@ class MultiProcessingReadingService(
     # --- ReadingServiceInterface --------------------------------------------------------------
 
     def initialize(self, datapipe: DataPipe) -> DataPipe:
-        return self._initialize(datapipe, graph_fingerprint(datapipe), _sharding_of(datapipe))
+        return self._initialize(datapipe, graph_identity(datapipe), _sharding_of(datapipe))
 
-    def _initialize(self, datapipe: DataPipe, fingerprint: str, sharding: Tuple[int, int]) -> DataPipe:
-        """``initialize``, with the graph's fingerprint and sharding already computed (a
-        restore computes them to validate the state first)."""
+    def _initialize(self, datapipe: DataPipe, graph: GraphIdentity, sharding: Tuple[int, int]) -> DataPipe:
+        """``initialize``, with the graph's identity and sharding already computed (a restore
+        computes them to validate the state first)."""
         if self._finalized:
             raise ReadingServiceClosedError("the reading service was shut down; create a new one")
         if self._initialized:
             raise ReadingServiceError("initialize() was already called on this reading service")
-        self._fingerprint, self._sharding = fingerprint, sharding
+        self._graph, self._sharding = graph, sharding
         runtime: Union[InProcess, WorkerPool]
         if self.num_workers:
             options = WorkerOptions(
@@ -328,7 +328,7 @@ class MultiProcessingReadingService(
             workers = (WorkerPosition(),) * self.num_workers
             return Checkpoint(
                 self.num_workers,
-                self._fingerprint,
+                self._graph,
                 epoch=self._epoch,
                 workers=workers,
                 sharding=self._sharding,
@@ -336,7 +336,7 @@ class MultiProcessingReadingService(
         positions = outlet.positions
         return Checkpoint(
             num_workers=self.num_workers,
-            fingerprint=self._fingerprint,
+            graph=self._graph,
             epoch=self._epoch,
             status="finished" if outlet.finished else "in_epoch",
             seed=self._epoch_seed,
@@ -363,19 +363,19 @@ class MultiProcessingReadingService(
         if self._finalized:
             raise ReadingServiceClosedError("the reading service was shut down; create a new one")
         state = Checkpoint.from_plain(serialized_state)
-        sharding, fingerprint = _sharding_of(datapipe), graph_fingerprint(datapipe)
+        sharding, graph = _sharding_of(datapipe), graph_identity(datapipe)
         same_layout = state.num_workers == self.num_workers and (
             state.sharding is None or state.sharding[0] == sharding[0]
         )
         if state.status == "idle" and same_layout:
             pass  # nothing of an epoch to resume
         elif same_layout or not self.elastic:
-            state.check_fits(self.num_workers, fingerprint, sharding)
+            state.check_fits(self.num_workers, graph, sharding)
         else:
-            state.check_graph(fingerprint)
+            state.check_graph(graph)
             if state.status == "in_epoch":
                 state = self._elastic_start(datapipe, state, sharding)
-        end = self._initialize(datapipe, fingerprint, sharding)
+        end = self._initialize(datapipe, graph, sharding)
         self._epoch = state.epoch - 1 if state.status == "in_epoch" else state.epoch
         self._pending_restore = state if state.status == "in_epoch" else None
         return end
@@ -398,7 +398,7 @@ class MultiProcessingReadingService(
         )
         return Checkpoint(
             num_workers=self.num_workers,
-            fingerprint=state.fingerprint,
+            graph=state.graph,
             epoch=state.epoch,
             status="in_epoch",
             # Another rank's state may be loaded: the seeds are put back to this rank's.

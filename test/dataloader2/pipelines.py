@@ -32,6 +32,10 @@ def double(x: int) -> int:
     return 2 * x
 
 
+def scaled(x: int, factor: int = 1) -> int:
+    return factor * x
+
+
 def is_even(x: int) -> bool:
     return x % 2 == 0
 
@@ -231,6 +235,18 @@ def _dispatch(n: int) -> IterDataPipe:
 
 def take(iterator: Iterator[Any], k: int) -> List[Any]:
     return [next(iterator) for _ in range(k)]
+
+
+def moved_onto(state: Dict[str, Any], datapipe: IterDataPipe) -> Dict[str, Any]:
+    """``state`` with ``datapipe`` in place of the pipeline it was taken with: what a user who
+    builds the pipeline again from code, and restores the positions only, gets."""
+    from torchdata.dataloader2 import DataLoader2
+
+    dl = DataLoader2(datapipe)
+    try:
+        return {**state, "serialized_datapipe": dl.state_dict()["serialized_datapipe"]}
+    finally:
+        dl.shutdown()
 
 
 def unseeded_noise(x: int) -> tuple:

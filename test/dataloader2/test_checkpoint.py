@@ -2,32 +2,51 @@
 
 from __future__ import annotations
 
+import functools
 import io
+import json
+import os
 import pickle
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable, Dict
 
 import pytest
 import torch
-from pipelines import double, is_even
+from pipelines import double, is_even, kill_always_at, pipeline, scaled, split
+from torch.utils.data.graph_settings import apply_sharding
 from torchdata.dataloader2.random import SeedGenerator
-from torchdata.datapipes.iter import IterableWrapper
+from torchdata.datapipes.iter import FileOpener, IterableWrapper
 
 from torchdata_snapshot._checkpoint import (
     FORMAT,
     FORMAT_VERSION,
     Checkpoint,
+    GraphIdentity,
     WorkerPosition,
+    graph_arguments,
     graph_fingerprint,
+    graph_identity,
 )
 from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
 from torchdata_snapshot._seeds import seed_state
+
+GRAPH = GraphIdentity(
+    "0123456789abcdef",
+    {
+        "0:BatcherIterDataPipe": {"batch_size": 4, "drop_last": False},
+        "1:MapperIterDataPipe": {"fn": "pipelines.scaled", "fn.factor": 2.5, "input_col": None},
+        "2:IterableWrapperIterDataPipe": {"deepcopy": True},
+    },
+)
 
 
 def example(**changes: Any) -> Checkpoint:
     fields: Dict[str, Any] = dict(
         num_workers=2,
-        fingerprint="0123456789abcdef",
+        graph=GRAPH,
         epoch=3,
         status="in_epoch",
         seed=seed_state(SeedGenerator(1)),
@@ -45,7 +64,7 @@ def example(**changes: Any) -> Checkpoint:
     return Checkpoint(**fields)
 
 
-PLAIN_TYPES = (dict, list, str, bytes, int, bool, type(None))
+PLAIN_TYPES = (dict, list, str, bytes, int, float, bool, type(None))
 
 
 def assert_plain(value: Any, where: str = "state") -> None:
@@ -98,8 +117,8 @@ def corrupt(edit: Callable[[Dict[str, Any]], Any], keep_checksum: bool = False) 
         ([1, 2], "must be a dict, got list"),
         (corrupt(lambda s: s.update(format="something else")), "not a torchdata_snapshot checkpoint"),
         (
-            corrupt(lambda s: s.update(version=4)),
-            "format version 4; this torchdata_snapshot reads versions 1, 2, 3",
+            corrupt(lambda s: s.update(version=5)),
+            "format version 5; this torchdata_snapshot reads versions 1, 2, 3, 4",
         ),
         (corrupt(lambda s: s.update(version=[1])), "format version \\[1\\]; this torchdata_snapshot"),
         (corrupt(lambda s: s.update(version=True)), "format version True; this torchdata_snapshot"),
@@ -132,6 +151,11 @@ def corrupt(edit: Callable[[Dict[str, Any]], Any], keep_checksum: bool = False) 
             "shared.ctr must be a list of 4 32-bit integers",
         ),
         (corrupt(lambda s: s.update(replay_in_main=1)), "'replay_in_main' must be a bool"),
+        (corrupt(lambda s: s.update(arguments=[])), "'arguments' must map each DataPipe"),
+        (
+            corrupt(lambda s: s["arguments"]["0:BatcherIterDataPipe"].update(batch_size=b"4")),
+            "'arguments' must map each DataPipe to a dict of its arguments \\(plain data\\)",
+        ),
         (
             corrupt(lambda s: s.update(delivered=9)),
             "'delivered' \\(9\\) must be what the workers' streams delivered, 7",
@@ -145,18 +169,72 @@ def test_invalid_states_are_refused_with_the_reason(state: Any, match: str) -> N
 
 def test_a_state_for_another_num_workers_world_size_or_pipeline_does_not_fit() -> None:
     state = example()
-    state.check_fits(2, "0123456789abcdef", (2, 0))
+    state.check_fits(2, GRAPH, (2, 0))
     with pytest.raises(
         IncompatibleCheckpointError,
         match="num_workers=2, this reading service has num_workers=4.*elastic=True.* resumes",
     ):
-        state.check_fits(4, "0123456789abcdef", (2, 1))
+        state.check_fits(4, GRAPH, (2, 1))
     with pytest.raises(
         IncompatibleCheckpointError, match="world_size=2, this job has world_size=3.*elastic=True"
     ):
-        state.check_fits(2, "0123456789abcdef", (3, 1))
+        state.check_fits(2, GRAPH, (3, 1))
     with pytest.raises(IncompatibleCheckpointError, match="another pipeline"):
-        state.check_fits(2, "fedcba9876543210", (2, 1))
+        state.check_fits(2, replace(GRAPH, fingerprint="fedcba9876543210"), (2, 1))
+
+
+def with_argument(key: str, **arguments: Any) -> GraphIdentity:
+    """``GRAPH`` with other values of the arguments of DataPipe ``key``."""
+    assert GRAPH.arguments is not None
+    return replace(GRAPH, arguments={**GRAPH.arguments, key: {**GRAPH.arguments[key], **arguments}})
+
+
+@pytest.mark.parametrize(
+    "graph, match",
+    [
+        (
+            with_argument("0:BatcherIterDataPipe", batch_size=5),
+            "DataPipe 0:BatcherIterDataPipe: batch_size was 4 in the checkpoint, is 5 now",
+        ),
+        (
+            with_argument("1:MapperIterDataPipe", **{"fn.factor": 3}),
+            "1:MapperIterDataPipe: fn.factor was 2.5 in the checkpoint, is 3 now",
+        ),
+        (
+            with_argument("1:MapperIterDataPipe", fn="pipelines.shift"),
+            "fn was 'pipelines.scaled' in the checkpoint, is 'pipelines.shift' now",
+        ),
+        (
+            with_argument("0:BatcherIterDataPipe", drop_last=0),
+            "drop_last was False in the checkpoint, is 0 now",  # a bool is not an int here
+        ),
+        (
+            with_argument("2:IterableWrapperIterDataPipe", wrapper_class="list"),
+            "wrapper_class was not recorded in the checkpoint, is 'list' now",
+        ),
+    ],
+)
+def test_a_state_for_other_arguments_does_not_fit_and_says_which(graph: GraphIdentity, match: str) -> None:
+    with pytest.raises(IncompatibleCheckpointError, match=f"other arguments of its DataPipes.*{match}"):
+        example().check_fits(2, graph, (2, 0))
+
+
+def test_arguments_compare_as_plain_data() -> None:
+    nan = GraphIdentity("0123456789abcdef", {"0:X": {"ratio": float("nan"), "sizes": [1, 2], "by": {"a": 1}}})
+    state = example(graph=nan)
+    state.check_graph(
+        GraphIdentity(nan.fingerprint, {"0:X": {"by": {"a": 1}, "sizes": [1, 2], "ratio": float("nan")}})
+    )
+    with pytest.raises(
+        IncompatibleCheckpointError, match=r"sizes was \[1, 2\] in the checkpoint, is \[2, 1\]"
+    ):
+        state.check_graph(GraphIdentity(nan.fingerprint, {"0:X": {**nan.arguments["0:X"], "sizes": [2, 1]}}))
+
+
+def test_a_state_without_arguments_checks_the_structure_only() -> None:
+    state = example(graph=GraphIdentity(GRAPH.fingerprint))
+    state.check_fits(2, with_argument("0:BatcherIterDataPipe", batch_size=5), (2, 0))
+    assert Checkpoint.from_plain(state.to_plain()) == state
 
 
 def build(fn: Any = double) -> Any:
@@ -172,13 +250,114 @@ def test_the_fingerprint_follows_the_structure_of_the_pipeline() -> None:
     assert graph_fingerprint(IterableWrapper(range(5))) == graph_fingerprint(IterableWrapper(range(9))), (
         "the data is not part of the structure"
     )
+    assert graph_fingerprint(build()) == "9b2a7a7734b0f0d9", "states of format 3 and older hold this digest"
+
+
+def source(n: int = 20) -> Any:
+    return IterableWrapper(range(n))
+
+
+#: DataPipes users build, and the arguments a checkpoint records for the outermost one.
+COMMON: Dict[str, Any] = {
+    "IterableWrapper": (lambda: IterableWrapper([3, 1, 2]), {"deepcopy": True}),
+    "batch": (lambda: source().batch(4, drop_last=True), {"batch_size": 4, "drop_last": True}),
+    "shuffle": (lambda: source().shuffle(buffer_size=7), {"buffer_size": 7}),
+    "bucketbatch": (
+        lambda: source().bucketbatch(3, batch_num=2, bucket_num=2),
+        {"batch_size": 3, "drop_last": False},
+    ),
+    "header": (lambda: source().header(5), {"limit": 5}),
+    "cycle": (lambda: source().cycle(2), {"count": 2}),
+    "map_partial": (
+        lambda: source().map(functools.partial(scaled, factor=2)),
+        {"fn": "pipelines.scaled", "fn.factor": 2, "input_col": None, "output_col": None},
+    ),
+    "filter": (lambda: source().filter(is_even), {"input_col": None}),
+    "sharding_filter": (lambda: source().sharding_filter(), {"sharding_group_filter": None}),
+    "mux": (lambda: source().mux(source(5)), {}),
+    "zip": (lambda: source().zip(source()), {}),
+    "unbatch": (lambda: source().batch(3).unbatch(), {"unbatch_level": 1}),
+    "flatmap": (lambda: source().flatmap(split), {"input_col": None}),
+    "collate": (lambda: source().batch(3).collate(), {}),
+    "prefetch": (lambda: source().prefetch(3), {}),  # how far it reads ahead is not compared
+    "fork": (lambda: source().fork(2)[1], {"instance_id": 1}),
+    "random_split": (
+        lambda: source().random_split(total_length=20, weights={"a": 1, "b": 1}, seed=0, target="a"),
+        {"target": "a"},
+    ),
+    "groupby": (
+        lambda: source().groupby(double, group_size=2, guaranteed_group_size=2),
+        {"keep_key": False, "group_size": 2, "guaranteed_group_size": 2, "drop_remaining": False},
+    ),
+}
+
+
+@pytest.fixture
+def text_file(tmp_path: Path) -> str:
+    path = tmp_path / "lines.txt"
+    path.write_text("a\nb\nc\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("name", sorted(COMMON))
+def test_the_arguments_are_the_plain_constructor_arguments(name: str) -> None:
+    make, expected = COMMON[name]
+    datapipe = make()
+    assert graph_arguments(datapipe)[f"0:{type(datapipe).__name__}"] == expected
+
+
+def test_the_arguments_of_files_and_lines(text_file: str) -> None:
+    lines = FileOpener(IterableWrapper([text_file]), mode="r").readlines(strip_newline=False)
+    assert list(graph_arguments(lines).values()) == [
+        {},  # readlines() keeps no argument it was given
+        {"mode": "r", "encoding": None, "length": -1},
+        {"deepcopy": True},  # the file names are its data
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(COMMON))
+def test_the_arguments_do_not_change_as_the_graph_runs_or_travels(name: str) -> None:
+    datapipe = COMMON[name][0]()
+    fresh = graph_identity(datapipe)
+    apply_sharding(datapipe, 2, 1)  # what sharding (DistributedReadingService too) sets
+    iterator = iter(datapipe)
+    for _ in zip(range(7), iterator):
+        pass
+    assert graph_identity(datapipe) == fresh
+    assert graph_identity(pickle.loads(pickle.dumps(datapipe))) == fresh
+
+
+def test_the_data_and_long_values_are_not_arguments() -> None:
+    assert graph_arguments(IterableWrapper(list(range(10_000)))) == graph_arguments(IterableWrapper([1]))
+    long = source().map(functools.partial(scaled, factor=list(range(1000))))
+    assert "fn.factor" not in graph_arguments(long)["0:MapperIterDataPipe"]
+
+
+def partial_pipeline() -> Any:
+    return pipeline("stateful_source", 30).map(functools.partial(kill_always_at, 99))
+
+
+def test_the_fingerprint_and_arguments_are_the_same_in_a_fresh_process() -> None:
+    """No address, id or hash order: another interpreter, with another hash seed, agrees."""
+    code = (
+        "import json, warnings; warnings.simplefilter('ignore'); import test_checkpoint as t; "
+        "g = t.graph_identity(t.partial_pipeline()); print(json.dumps([g.fingerprint, g.arguments]))"
+    )
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": os.pathsep.join([str(here), *sys.path])}
+    output = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    ours = graph_identity(partial_pipeline())
+    assert json.loads(output) == [ours.fingerprint, ours.arguments]
+    assert ours.arguments is not None and ours.arguments["0:MapperIterDataPipe"]["fn.args[0]"] == 99
 
 
 def version_1(plain: Dict[str, Any]) -> Dict[str, Any]:
     """``plain`` as the first format wrote it: one mark (position, item digest) instead of digests."""
     from torchdata_snapshot._checkpoint import _checksum
 
-    dropped = ("digest", "checksum", "sharding", "remaining", "ranks")
+    dropped = ("digest", "checksum", "sharding", "remaining", "ranks", "arguments")
     old = {key: value for key, value in plain.items() if key not in dropped}
     old["version"] = 1
     old["mark"] = None
@@ -204,6 +383,7 @@ def test_a_version_1_state_is_upgraded_without_digests() -> None:
     assert upgraded.delivered == 7 and upgraded.seed == example().seed
     assert upgraded.sharding is None and upgraded.ranks is None and upgraded.remaining == ()
     assert [w.taken for w in upgraded.workers] == [None, None]
+    assert upgraded.graph == GraphIdentity(GRAPH.fingerprint), "version 1 recorded no arguments"
     tampered = version_1(example().to_plain())
     tampered["delivered"] = 8
     with pytest.raises(InvalidCheckpointError, match="checksum does not match"):
@@ -217,7 +397,7 @@ def version_2(plain: Dict[str, Any]) -> Dict[str, Any]:
     old = {
         key: value
         for key, value in plain.items()
-        if key not in ("checksum", "sharding", "remaining", "ranks")
+        if key not in ("checksum", "sharding", "remaining", "ranks", "arguments")
     }
     old["version"] = 2
     old["workers"] = [{key: value for key, value in w.items() if key != "taken"} for w in plain["workers"]]
@@ -230,4 +410,23 @@ def test_a_version_2_state_is_upgraded_without_sharding_positions() -> None:
     assert upgraded.workers == tuple(replace(w, taken=None) for w in example().workers)
     assert upgraded.sharding is None and upgraded.ranks is None and upgraded.remaining == ()
     assert upgraded.digest == example().digest and upgraded.delivered == 7
-    upgraded.check_fits(2, "0123456789abcdef", (5, 3)), "the world size of a version-2 state is unknown"
+    assert upgraded.graph == GraphIdentity(GRAPH.fingerprint), "version 2 recorded no arguments"
+    upgraded.check_fits(2, GRAPH, (5, 3)), "the world size of a version-2 state is unknown"
+
+
+def version_3(plain: Dict[str, Any]) -> Dict[str, Any]:
+    """``plain`` as the third format wrote it: no arguments."""
+    from torchdata_snapshot._checkpoint import _checksum
+
+    old = {key: value for key, value in plain.items() if key not in ("checksum", "arguments")}
+    old["version"] = 3
+    old["checksum"] = _checksum(old)
+    return old
+
+
+def test_a_version_3_state_is_upgraded_without_arguments() -> None:
+    upgraded = Checkpoint.from_plain(version_3(example().to_plain()))
+    assert upgraded == example(graph=GraphIdentity(GRAPH.fingerprint))
+    upgraded.check_fits(2, with_argument("0:BatcherIterDataPipe", batch_size=5), (2, 0))
+    with pytest.raises(IncompatibleCheckpointError, match="another pipeline"):
+        upgraded.check_fits(2, replace(GRAPH, fingerprint="fedcba9876543210"), (2, 0))

@@ -16,7 +16,7 @@ import pytest
 from contract import Config, Resumer, ResumeTask, encode_state, reference, take_states
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pipelines import ElasticDoubling, double, kill_once_at_reset, pipeline, rs, take, tiny
+from pipelines import ElasticDoubling, double, kill_once_at_reset, moved_onto, pipeline, rs, take, tiny
 from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
 
@@ -208,6 +208,16 @@ def test_without_the_opt_in_another_num_workers_is_refused_naming_it(make_dl: An
     take(iter(dl), 3)
     with pytest.raises(IncompatibleCheckpointError, match=r"elastic=True\) resumes the epoch"):
         iter(restore(dl.state_dict(), rs(3)))
+
+
+def test_an_elastic_resume_on_other_arguments_is_refused_naming_them(make_dl: Any, restore: Any) -> None:
+    dl = make_dl(pipeline("batch", 40), rs(2))  # batch(3)
+    take(iter(dl), 5)
+    state = moved_onto(dl.state_dict(), IterableWrapper(range(40)).shuffle().sharding_filter().batch(4))
+    with pytest.raises(
+        IncompatibleCheckpointError, match="BatcherIterDataPipe: batch_size was 3 in the checkpoint, is 4"
+    ):
+        iter(restore(state, rs(3, elastic=True)))
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import pickle
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from pipelines import (
@@ -15,8 +16,10 @@ from pipelines import (
     credit_window_of,
     double,
     kept_per_worker,
+    moved_onto,
     pipeline,
     rs,
+    scaled,
     take,
     tiny,
     unseeded_noise,
@@ -138,11 +141,83 @@ def test_another_num_workers_is_refused_before_any_process_starts(make_dl: Any) 
 def test_another_pipeline_is_refused(make_dl: Any) -> None:
     dl = make_dl(tiny(20), rs(2))
     take(iter(dl), 3)
-    state = dl.state_dict()
-    other = make_dl(pipeline("batch", 20), rs(2)).state_dict()
-    state["serialized_datapipe"] = other["serialized_datapipe"]
+    state = moved_onto(dl.state_dict(), pipeline("batch", 20))
     with pytest.raises(IncompatibleCheckpointError, match="another pipeline"):
         list(restored(make_dl, state))
+
+
+#: Pipelines built with an argument ``k``: the value the state is taken with, another value,
+#: and what the refusal says.
+ARGUMENT_CHANGES = {
+    "batch": (
+        lambda k: IterableWrapper(range(60)).shuffle().sharding_filter().batch(k),
+        4,
+        5,
+        "DataPipe 0:BatcherIterDataPipe: batch_size was 4 in the checkpoint, is 5 now",
+    ),
+    "shuffle": (
+        lambda k: IterableWrapper(range(60)).shuffle(buffer_size=k).sharding_filter().map(double),
+        16,
+        8,
+        "DataPipe 2:ShufflerIterDataPipe: buffer_size was 16 in the checkpoint, is 8 now",
+    ),
+    "partial": (
+        lambda k: IterableWrapper(range(60)).sharding_filter().map(functools.partial(scaled, factor=k)),
+        2,
+        3,
+        "DataPipe 0:MapperIterDataPipe: fn.factor was 2 in the checkpoint, is 3 now",
+    ),
+}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("change", sorted(ARGUMENT_CHANGES))
+def test_other_arguments_are_refused_naming_the_datapipe_and_the_argument(
+    make_dl: Any, change: str, num_workers: int
+) -> None:
+    build, old, new, message = ARGUMENT_CHANGES[change]
+    dl = make_dl(build(old), rs(num_workers))
+    it = iter(dl)
+    take(it, 5)
+    state = dl.state_dict()
+    rest = list(it)
+    children = set(multiprocessing.active_children())
+    with pytest.raises(
+        IncompatibleCheckpointError, match=f"other arguments of its DataPipes \\({message}\\)"
+    ):
+        list(restored(make_dl, moved_onto(state, build(new)), rs(num_workers)))
+    assert set(multiprocessing.active_children()) == children, "no worker was started for a misfit state"
+    assert list(restored(make_dl, moved_onto(state, build(old)), rs(num_workers))) == rest, (
+        "the same pipeline, built again, restores"
+    )
+
+
+def test_a_state_of_format_3_restores_without_comparing_arguments(make_dl: Any) -> None:
+    """Format 3 recorded the structure only: its states still restore; on other arguments, only
+    replay tells, as it did when they were written."""
+    from torchdata_snapshot._checkpoint import _checksum
+
+    build = ARGUMENT_CHANGES["batch"][0]
+    dl = make_dl(build(4), rs(2))
+    it = iter(dl)
+    take(it, 5)
+    state = dl.state_dict()
+    rest = list(it)
+    old = {key: value for key, value in state["reading_service_state"].items() if key != "arguments"}
+    old.update(version=3, checksum=_checksum({**old, "version": 3}))
+    state = {**state, "reading_service_state": old}
+    assert list(restored(make_dl, state)) == rest
+    with pytest.raises(ReplayDivergenceError):
+        list(restored(make_dl, moved_onto(state, build(5))))
+
+
+def test_arguments_that_change_only_timing_may_change(make_dl: Any) -> None:
+    build: Callable[[int], Any] = lambda k: tiny(40).prefetch(k)  # noqa: E731
+    dl = make_dl(build(2), rs(2))
+    it = iter(dl)
+    take(it, 5)
+    state = dl.state_dict()
+    assert list(restored(make_dl, moved_onto(state, build(7)))) == list(it)
 
 
 def test_a_state_from_upstreams_reading_service_is_refused(make_dl: Any) -> None:
