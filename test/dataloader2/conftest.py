@@ -1,12 +1,12 @@
 """Shared fixtures: DataLoader2s that are always shut down, and a guard that fails any test
-leaving a child process alive or a shared-memory segment behind."""
+leaving a child process alive or a shared-memory segment of its processes behind."""
 
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Set
+from typing import Any, Callable, Dict, Iterable, List, Set, Tuple
 
 import psutil
 import pytest
@@ -35,13 +35,85 @@ def _children() -> Dict[int, psutil.Process]:
     return out
 
 
+_SHM = "/dev/shm/"
+
+
 def _shared_memory() -> Set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    return set(os.listdir(_SHM)) if os.path.isdir(_SHM) else set()
+
+
+#: A file by identity: ``(st_dev, st_ino)``.
+_FileId = Tuple[int, int]
+
+
+def _held_shared_memory(pid: int) -> Set[_FileId]:
+    """The /dev/shm files process ``pid`` maps (``/proc/<pid>/maps``: a named semaphore, a mapped
+    segment) or has open (``/proc/<pid>/fd``); nothing if it is gone or not ours to read.
+
+    Files, not names: glibc's ``sem_open`` maps a temporary file and then links it under the
+    semaphore's name, so that the mapping shows the temporary name, ``(deleted)``.
+    """
+    held = set()
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            for line in maps:
+                if _SHM in line:  # address perms offset major:minor inode path
+                    device, inode = line.split()[3:5]
+                    major, minor = (int(part, 16) for part in device.split(":"))
+                    held.add((os.makedev(major, minor), int(inode)))
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(_SHM):
+                    found = os.stat(f"/proc/{pid}/fd/{fd}")
+                    held.add((found.st_dev, found.st_ino))
+            except OSError:  # closed meanwhile
+                continue
+    except OSError:  # the process is gone, or belongs to another user
+        pass
+    return held
+
+
+def _ours(new: Iterable[str]) -> List[str]:
+    """The entries of ``new`` (entries that appeared in /dev/shm during the test) that this
+    test's processes left behind: those this process or a descendant still holds, and those no
+    process holds any more. Other programs use /dev/shm at the same time (another Python's
+    ``spawn`` locks are named semaphores, ``sem.mp-*``, as long as they live): an entry that
+    only processes outside this process's tree hold is theirs, as are entries that are already
+    gone again or belong to another user. /proc is read only when there are new entries: a test
+    that leaves none costs nothing more than listing /dev/shm."""
+    candidates = _existing(new)
+    if not candidates:
+        return []
+    tree = {os.getpid(), *(child.pid for child in psutil.Process().children(recursive=True))}
+    held_by_tree = set().union(*map(_held_shared_memory, tree))
+    unexplained = set(candidates) - held_by_tree
+    for pid in psutil.pids():
+        if not unexplained:
+            break
+        if pid not in tree:
+            unexplained -= _held_shared_memory(pid)
+    # Another program may have let go of an entry while we looked: gone now, it was not left.
+    unexplained &= set(_existing(candidates[file] for file in unexplained))
+    return sorted(name for file, name in candidates.items() if file in held_by_tree or file in unexplained)
+
+
+def _existing(names: Iterable[str]) -> Dict[_FileId, str]:
+    """The entries of /dev/shm among ``names`` that exist and belong to this user, by file."""
+    found: Dict[_FileId, str] = {}
+    for name in names:
+        try:
+            stat = os.stat(_SHM + name)
+        except FileNotFoundError:
+            continue
+        if stat.st_uid == os.getuid():
+            found[(stat.st_dev, stat.st_ino)] = name
+    return found
 
 
 @pytest.fixture(autouse=True)
 def no_leftover_processes_or_shared_memory(request: pytest.FixtureRequest) -> Any:
-    """Fail the test if it leaves a child process running or a /dev/shm segment behind.
+    """Fail the test if it leaves a child process running or a /dev/shm segment behind (one its
+    processes still hold, or that nobody holds: see :func:`_ours`).
 
     Leftovers get ``LEFTOVER_WAIT_S`` to exit (a bounded wait, not a sleep), then are killed
     so that the next test starts clean, and the test fails naming them.
@@ -59,8 +131,8 @@ def no_leftover_processes_or_shared_memory(request: pytest.FixtureRequest) -> An
             pass
     psutil.wait_procs(alive, timeout=LEFTOVER_WAIT_S)
     assert not described, f"the test left child processes running: {', '.join(described)}"
-    new_segments = sorted(_shared_memory() - shm_before)
-    assert not new_segments, f"the test left shared-memory segments in /dev/shm: {new_segments}"
+    left = _ours(_shared_memory() - shm_before)
+    assert not left, f"the test left shared-memory segments in /dev/shm: {left}"
 
 
 @pytest.fixture
