@@ -129,17 +129,25 @@ def tiny(n: int = 40) -> IterDataPipe:
     return IterableWrapper(range(n)).shuffle().sharding_filter().map(double)
 
 
+#: The shapes the contract tests run, by name.
 PIPELINES: Dict[str, Any] = {}
+
+#: Shapes whose graph cannot resume from captured states, only by replay: a dispatched source,
+#: and the user's Mapper subclasses without state functions (one of them holds an item).
+REPLAYED_ONLY = frozenset({"dispatch", "swapped_pairs_after_sharding", "declared_elastic_subclass"})
+
+#: Shapes that need a process group (``fullsync``): only the distributed tests build them.
+PROCESS_GROUP_PIPELINES: Dict[str, Any] = {}
 
 
 def pipeline(name: str, n: int = 40, **kwargs: Any) -> IterDataPipe:
-    """Build a named pipeline shape (see ``PIPELINES``)."""
-    return PIPELINES[name](n, **kwargs)
+    """Build a named pipeline shape (see ``PIPELINES`` and ``PROCESS_GROUP_PIPELINES``)."""
+    return {**PIPELINES, **PROCESS_GROUP_PIPELINES}[name](n, **kwargs)
 
 
-def _register(name: str):  # type: ignore[no-untyped-def]
+def _register(name: str, needs_process_group: bool = False):  # type: ignore[no-untyped-def]
     def deco(fn):  # type: ignore[no-untyped-def]
-        PIPELINES[name] = fn
+        (PROCESS_GROUP_PIPELINES if needs_process_group else PIPELINES)[name] = fn
         return fn
 
     return deco
@@ -202,14 +210,14 @@ def _swapped_after(n: int) -> IterDataPipe:
     return SwappedPairs(IterableWrapper(range(n)).shuffle().sharding_filter(), double)
 
 
-@_register("swapped_pairs_tail")
+@_register("swapped_pairs_tail", needs_process_group=True)
 def _swapped_tail(n: int) -> IterDataPipe:
     """A ``Mapper`` subclass holding items, in the main process (after ``fullsync``: needs a
     process group)."""
     return SwappedPairs(IterableWrapper(range(n)).shuffle().sharding_filter().map(double).fullsync(), double)
 
 
-@_register("filtering_tail")
+@_register("filtering_tail", needs_process_group=True)
 def _filtering_tail(n: int) -> IterDataPipe:
     """A ``filter`` in the main process (after ``fullsync``: needs a process group)."""
     source = IterableWrapper(range(n)).shuffle().sharding_filter().map(double)

@@ -22,7 +22,7 @@ from contract import (
     resolve_positions,
     take_states,
 )
-from pipelines import PIPELINES
+from pipelines import PIPELINES, REPLAYED_ONLY
 
 SHAPES = sorted(PIPELINES)
 WORKERS = [0, 1, 2, 4]
@@ -138,7 +138,7 @@ def test_prefetch_counts_may_change_on_restore(resumer: Resumer, prefetch: Any) 
     assert result["epochs"] == [run[config.epoch][k:], run[config.epoch + 1]]
 
 
-RESUMABLE_SHAPES = [shape for shape in SHAPES if shape != "dispatch"]  # a dispatched source replays
+RESUMABLE_SHAPES = [shape for shape in SHAPES if shape not in REPLAYED_ONLY]
 STATEFUL = (("stateful", True), ("state_interval", 3))
 
 

@@ -13,7 +13,7 @@ import pytest
 from contract import Config, Resumer, check_contract, reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pipelines import PIPELINES
+from pipelines import PIPELINES, REPLAYED_ONLY
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_any_configuration_resumes_exactly_at_any_position(
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(
-    shape=st.sampled_from(sorted(set(PIPELINES) - {"dispatch"})),
+    shape=st.sampled_from(sorted(set(PIPELINES) - REPLAYED_ONLY)),
     num_workers=st.sampled_from([1, 2, 4]),
     prefetch=st.sampled_from([0, 1, 10]),
     interval=st.integers(min_value=1, max_value=8),
