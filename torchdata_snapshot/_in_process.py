@@ -66,7 +66,7 @@ class InProcess:
 
     def snapshot(self, outlet: Outlet, epoch: int, paused: bool) -> List[WorkerSnapshot]:
         graph = graph_datapipes(outlet)
-        delivered, ahead = outlet.delivered, outlet.read_ahead
+        delivered, ahead = outlet.delivered, outlet.produced_ahead
         snapshot = WorkerSnapshot(
             worker_id=0,
             role="in_process",

@@ -131,7 +131,7 @@ class Outlet(IterDataPipe):
         pass  # (torch resets it with the DataPipe; the outlet resets ``delivered`` per epoch)
 
     @property
-    def read_ahead(self) -> int:
+    def produced_ahead(self) -> int:
         """Items produced ahead of the user (isolated RNGs), not handed out yet."""
         return sum(1 for entry in self._ahead if not isinstance(entry, _End))
 

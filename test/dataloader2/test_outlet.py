@@ -162,10 +162,10 @@ def test_with_isolated_rngs_items_are_produced_ahead_and_handed_out_one_by_one()
     outlet = isolated(IterableWrapper(range(1000)).map(_draw))
     it = iter(outlet)
     first = next(it)
-    assert outlet.delivered == 1 and 0 < outlet.read_ahead <= READ_AHEAD_ITEMS - 1
+    assert outlet.delivered == 1 and 0 < outlet.produced_ahead <= READ_AHEAD_ITEMS - 1
     rest = list(it)
     assert [first, *rest] == [item for item in isolated(IterableWrapper(range(1000)).map(_draw))]
-    assert outlet.delivered == 1000 and outlet.finished and outlet.read_ahead == 0
+    assert outlet.delivered == 1000 and outlet.finished and outlet.produced_ahead == 0
 
 
 def test_an_error_produced_ahead_reaches_the_user_after_the_items_before_it() -> None:
@@ -181,7 +181,7 @@ def test_slow_items_are_not_produced_far_ahead() -> None:
     """The read-ahead stops after ``READ_AHEAD_S`` (2 ms): a 5 ms item is produced on demand."""
     outlet = isolated(IterableWrapper(range(5)).map(_wait_5ms))
     for _ in outlet:
-        assert outlet.read_ahead == 0
+        assert outlet.produced_ahead == 0
     assert outlet.delivered == 5
 
 
@@ -196,10 +196,10 @@ def test_large_items_are_produced_ahead_only_as_far_as_read_ahead_bytes(monkeypa
     outlet = isolated(IterableWrapper(range(300)).map(_megabyte))
     it = iter(outlet)
     next(it)
-    assert outlet.read_ahead == READ_AHEAD_BYTES // 2**20 - 1
+    assert outlet.produced_ahead == READ_AHEAD_BYTES // 2**20 - 1
     small = isolated(IterableWrapper(range(300)))
     next(iter(small))
-    assert small.read_ahead == READ_AHEAD_ITEMS - 1, "small items: the count bound"
+    assert small.produced_ahead == READ_AHEAD_ITEMS - 1, "small items: the count bound"
 
 
 @pytest.mark.parametrize(
@@ -223,7 +223,7 @@ def test_without_isolation_nothing_is_produced_ahead() -> None:
     outlet.start_epoch(0)
     it = iter(outlet)
     next(it)
-    assert outlet.read_ahead == 0
+    assert outlet.produced_ahead == 0
 
 
 def test_the_outlet_iterator_is_not_wrapped_by_torchs_hook() -> None:
