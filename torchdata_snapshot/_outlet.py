@@ -17,10 +17,12 @@ that the user reached:
   which the replay must reproduce.
 
 With ``num_workers=0`` and isolated global RNGs (see :mod:`torchdata_snapshot._rng`), swapping
-the three RNG states costs about 130 us, far more than a tiny item: the outlet produces items
+the three RNG states costs about 25 us, far more than a tiny item: the outlet produces items
 ahead, up to ``READ_AHEAD_ITEMS``, ``READ_AHEAD_S`` or ``READ_AHEAD_BYTES`` of data at a time,
 inside one swap, and hands them out one by one. The data does not change (the pipeline's draws
-are its own either way), and neither do checkpoints: they count what reached the user.
+are its own either way, and each item starts as after a swap of its own:
+:meth:`~torchdata_snapshot._rng.IsolatedRNG.next_item`), and neither do checkpoints: they count
+what reached the user.
 """
 
 from __future__ import annotations
@@ -141,7 +143,17 @@ class Outlet(IterDataPipe):
     def _replay(self, source: Iterator[Any]) -> None:
         """Drop the ``skip`` items the user already received before the checkpoint."""
         skip, expected, self._skip = self._skip, self._skip_digest, 0
-        self._chain = replay(source, 0, skip, self._chain, expected, where="main process", epoch=self.epoch)
+        rng = self.rng
+        self._chain = replay(
+            source,
+            0,
+            skip,
+            self._chain,
+            expected,
+            where="main process",
+            epoch=self.epoch,
+            on_item=None if rng is None else lambda _: rng.next_item(),
+        )
         self.delivered = skip
 
 
@@ -202,7 +214,7 @@ class _OutletIterator:
             return self._deliver(outlet, item)
         if not self.ahead:
             with outlet.rng.active():
-                self._read_ahead(outlet)
+                self._read_ahead(outlet, outlet.rng)
         entry = self.ahead.popleft()
         if isinstance(entry, _End):
             self.ahead.appendleft(entry)  # every later call ends the same way
@@ -212,13 +224,15 @@ class _OutletIterator:
             raise StopIteration
         return self._deliver(outlet, entry)
 
-    def _read_ahead(self, outlet: Outlet) -> None:
+    def _read_ahead(self, outlet: Outlet, rng: IsolatedRNG) -> None:
         """Produce up to ``READ_AHEAD_ITEMS`` items, as many as ``READ_AHEAD_S`` allows and as
         many of the first one's size as fit in ``READ_AHEAD_BYTES`` (at least one), and where
         the source ends or fails if it does."""
         deadline = time.perf_counter() + READ_AHEAD_S
         limit = READ_AHEAD_ITEMS
         for count in range(READ_AHEAD_ITEMS):
+            if count:
+                rng.next_item()  # each item starts as after a swap of its own
             try:
                 self.ahead.append(self._produce(outlet))
             except StopIteration:

@@ -124,8 +124,9 @@ class MultiProcessingReadingService(
         isolate_rng: with ``num_workers=0``, give the pipeline its own ``random``/``torch``/``numpy``
             global RNG states (seeded by DataLoader2 like a worker's), so that the training loop's
             draws never change the data and a restored epoch replays exactly. Swapping the
-            states costs about 130 us, so items are produced ahead (up to 256, or 2 ms' worth)
-            within one swap: about 10% of a tiny item's cost. ``False`` is upstream's behaviour.
+            states costs about 25 us, so items are produced ahead (up to 256, or 2 ms' worth)
+            within one swap. numpy's legacy Gaussian cache is cleared at every item (see the
+            contract page). ``False`` is upstream's behaviour.
         elastic: let a restore resume an epoch checkpointed with another ``num_workers`` (or,
             under ``DistributedReadingService``, another world size): the rest of the epoch
             delivers each element the user had not received exactly once, dealt over the new

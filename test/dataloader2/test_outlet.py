@@ -202,6 +202,33 @@ def test_large_items_are_produced_ahead_only_as_far_as_read_ahead_bytes(monkeypa
     assert small.produced_ahead == READ_AHEAD_ITEMS - 1, "small items: the count bound"
 
 
+def _normal(x: int) -> Any:
+    return (x, float(numpy.random.normal()))  # an odd count: numpy caches the pair's second value
+
+
+def normals(**start: Any) -> Outlet:
+    """An isolated outlet over 600 items drawing from numpy's normal distribution, seeded."""
+    outlet = Outlet(IterableWrapper(range(600)).map(_normal))
+    outlet.rng, outlet.verify = IsolatedRNG(), True
+    with outlet.rng.active():
+        numpy.random.seed(5)
+    outlet.start_epoch(0, **start)
+    return outlet
+
+
+def test_how_many_items_one_swap_produces_never_changes_the_data(monkeypatch: Any) -> None:
+    """Items produced ahead start with numpy's Gaussian cache cleared, as after a swap of their own."""
+    ahead = list(normals())
+    monkeypatch.setattr(outlet_module, "READ_AHEAD_ITEMS", 1)
+    assert list(normals()) == ahead
+
+
+def test_a_main_process_replay_draws_as_the_items_it_replays_did() -> None:
+    uninterrupted = list(normals())
+    resumed = normals(skip=300, skip_digest=digest_of(uninterrupted[:300]))
+    assert list(resumed) == uninterrupted[300:]
+
+
 @pytest.mark.parametrize(
     ("item", "size"),
     [

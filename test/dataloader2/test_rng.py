@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import random
+import sys
 from typing import List, Tuple
 
 import numpy
+import pytest
 import torch
 
 from torchdata_snapshot._rng import IsolatedRNG
@@ -63,3 +65,88 @@ def test_the_caller_state_comes_back_even_if_the_pipeline_raises() -> None:
     except ValueError:
         pass
     assert random.getstate() == before
+
+
+def odd_normals() -> Tuple[float, float, float]:
+    """One value from each library's normal distribution: the second of numpy's pair is cached."""
+    return random.gauss(0, 1), float(torch.randn(())), float(numpy.random.normal())
+
+
+def seeded_rng() -> IsolatedRNG:
+    rng = IsolatedRNG()
+    with rng.active():
+        random.seed(2)
+        torch.manual_seed(2)
+        numpy.random.seed(2)
+    return rng
+
+
+def test_each_item_starts_with_an_empty_numpy_gaussian_cache_however_items_are_grouped() -> None:
+    one_swap_per_item = seeded_rng()
+    expected = []
+    for _ in range(4):
+        with one_swap_per_item.active():
+            expected.append(odd_normals())
+    grouped = seeded_rng()
+    got = []
+    with grouped.active():
+        for i in range(4):
+            if i:
+                grouped.next_item()
+            got.append(odd_normals())
+    assert got == expected
+    numpy.random.seed(2)
+    first, carried = numpy.random.normal(), numpy.random.normal()  # (the pair's second is cached)
+    assert got[0][2] == first and got[1][2] != carried, "the second item drew a new pair"
+
+
+def test_the_caller_keeps_its_numpy_bit_generator_and_the_pipeline_has_its_own() -> None:
+    callers = numpy.random.get_bit_generator()
+    rng = seeded_rng()
+    with rng.active():
+        pipelines = numpy.random.get_bit_generator()
+        numpy.random.rand()
+    assert numpy.random.get_bit_generator() is callers and pipelines is not callers
+    with rng.active():
+        assert numpy.random.get_bit_generator() is pipelines
+
+
+def test_without_set_bit_generator_numpy_states_are_swapped_by_value_with_the_same_draws(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """numpy < 1.25 has no set_bit_generator: get_state()/set_state(), the cache cleared alike."""
+
+    def items(rng: IsolatedRNG) -> List[Tuple[float, float, float]]:
+        out = []
+        for _ in range(3):
+            with rng.active():
+                out.append(odd_normals())
+            numpy.random.normal()  # the caller's draws
+        with rng.active():
+            out.append(odd_normals())
+            rng.next_item()
+            out.append(odd_normals())
+        return out
+
+    by_reference = items(seeded_rng())
+    monkeypatch.delattr(numpy.random, "set_bit_generator")
+    assert items(seeded_rng()) == by_reference
+
+
+def test_numpy_random_imported_by_the_pipeline_gives_the_caller_a_state_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rng = IsolatedRNG()
+    module = sys.modules["numpy.random"]
+    monkeypatch.delitem(sys.modules, "numpy.random")  # not imported yet when the block starts
+    with rng.active():
+        sys.modules["numpy.random"] = module  # the pipeline imports it
+        numpy.random.seed(4)
+    assert numpy.random.get_bit_generator() is not rng._numpy
+    with rng.active():
+        first = numpy.random.rand()
+    numpy.random.rand()  # the caller's draw does not reach the pipeline's state
+    with rng.active():
+        second = numpy.random.rand()
+    numpy.random.seed(4)
+    assert [first, second] == list(numpy.random.rand(2))
