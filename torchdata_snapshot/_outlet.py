@@ -119,8 +119,16 @@ class Outlet(IterDataPipe):
         def __iter__(self) -> Iterator[Any]: ...
 
     def _iter(self) -> Iterator[Any]:
-        """``__iter__`` (set below, out of torch's hook: the iterator checks its epoch itself)."""
-        iterator = _OutletIterator(self, iter(self.source_datapipe), self.epoch)
+        """``__iter__`` (set below, out of torch's hook: the iterator checks its epoch itself).
+
+        With isolated RNGs the source's iterator is created with the pipeline's states: a
+        DataPipe may draw as soon as it is iterated."""
+        if self.rng is None:
+            source = iter(self.source_datapipe)
+        else:
+            with self.rng.active():
+                source = iter(self.source_datapipe)
+        iterator = _OutletIterator(self, source, self.epoch)
         self._ahead = iterator.ahead
         return iterator
 

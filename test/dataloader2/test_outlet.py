@@ -127,6 +127,28 @@ def test_steps_run_with_the_pipelines_own_global_rng() -> None:
     assert run(0) == run(3)
 
 
+class DrawsWhenIterated(IterDataPipe):
+    """Draws an offset from the global ``random`` as soon as an iterator is asked for."""
+
+    def __iter__(self) -> Iterator[int]:
+        offset = random.randrange(1000)
+        return iter([offset, offset + 1])
+
+
+def test_the_epochs_iterator_is_created_with_the_pipelines_own_global_rng() -> None:
+    def run(user_draws: int) -> List[int]:
+        outlet = Outlet(DrawsWhenIterated())
+        outlet.rng = IsolatedRNG()
+        with outlet.rng.active():
+            random.seed(11)
+        outlet.start_epoch(0)
+        for _ in range(user_draws):
+            random.random()
+        return list(outlet)
+
+    assert run(0) == run(3)
+
+
 def test_an_iterator_of_an_older_epoch_is_over() -> None:
     outlet = Outlet(IterableWrapper(range(5)))
     outlet.start_epoch(0)
