@@ -59,8 +59,9 @@ SMALL_ITEMS_MAX_WINDOW = 512
 #: may take.
 CAPTURE_TIME_BUDGET = 0.01
 
-#: ``num_workers=0`` with isolated global RNGs: at most this many items, or this much time (at
-#: least one item), are produced ahead within one swap of the RNG states (about 25 us).
+#: ``num_workers=0`` with isolated global RNGs and ``read_ahead=True``: at most this many items,
+#: or this much time (at least one item), are produced ahead within one swap of the RNG states
+#: (about 25 us).
 READ_AHEAD_ITEMS = 256
 READ_AHEAD_S = 0.002
 #: ... and at most this many bytes of tensors and arrays (cheap large items would otherwise hold

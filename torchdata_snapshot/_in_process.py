@@ -2,8 +2,9 @@
 
 It is seeded as the only worker's graph would be (DataPipe seeds and the ``random``, ``torch``
 and ``numpy`` global RNGs), with global RNG states of its own (``isolate_rng``, see
-:mod:`torchdata_snapshot._rng`) so that the training loop's draws never change the data. A
-restore replays the epoch in the main process (see :mod:`torchdata_snapshot._outlet`).
+:mod:`torchdata_snapshot._rng`) so that the training loop's draws never change the data. The
+outlet produces each item when the user asks for it, or ahead with ``read_ahead``. A restore
+replays the epoch in the main process (see :mod:`torchdata_snapshot._outlet`).
 """
 
 from __future__ import annotations

@@ -16,12 +16,15 @@ that the user reached:
   It then keeps the running digest of what it handed out (see :mod:`torchdata_snapshot._digest`),
   which the replay must reproduce.
 
-With ``num_workers=0`` and isolated global RNGs (see :mod:`torchdata_snapshot._rng`), swapping
-the three RNG states costs about 25 us, far more than a tiny item: the outlet produces items
+With ``num_workers=0`` and isolated global RNGs (see :mod:`torchdata_snapshot._rng`), the outlet
+produces an item when the user asks for it, as upstream does (the pipeline's side effects,
+prints and breakpoints happen in step with the training loop, and what the loop sets before
+``next()`` reaches that item), with the pipeline's RNG states swapped in for that item only:
+about 25 us per item. With ``read_ahead`` it amortizes the swap instead: it produces items
 ahead, up to ``READ_AHEAD_ITEMS``, ``READ_AHEAD_S`` or ``READ_AHEAD_BYTES`` of data at a time,
-inside one swap, and hands them out one by one. The data does not change (the pipeline's draws
-are its own either way, and each item starts as after a swap of its own:
-:meth:`~torchdata_snapshot._rng.IsolatedRNG.next_item`), and neither do checkpoints: they count
+inside one swap, and hands them out one by one. The data are the same either way (the
+pipeline's draws are its own, and each item starts as after a swap of its own:
+:meth:`~torchdata_snapshot._rng.IsolatedRNG.next_item`), and so are checkpoints: they count
 what reached the user.
 """
 
@@ -52,6 +55,8 @@ class Outlet(IterDataPipe):
     ``StopIteration`` reached the user; ``positions`` the user's position in the workers' streams
     (when it is tracked; ``None`` in main-process replay mode); ``digest`` the running digest of
     the delivered items (main-process replay mode, when verification is on; ``None`` otherwise).
+    Set by the reading service: ``verify``; ``rng`` the pipeline's isolated global RNG states
+    (``num_workers=0``); ``read_ahead`` produce items ahead within one swap of them.
     """
 
     def __init__(self, source_datapipe: DataPipe, positions: Optional[UserPositions] = None) -> None:
@@ -62,6 +67,7 @@ class Outlet(IterDataPipe):
         self.finished = False
         self.verify = False
         self.rng: Optional[IsolatedRNG] = None
+        self.read_ahead = False
         self._chain: Optional[int] = None
         self._skip = 0
         self._skip_digest: Optional[str] = None
@@ -213,16 +219,24 @@ class _OutletIterator:
         outlet = self.outlet
         if outlet.epoch != self.epoch:
             raise StopIteration  # an iterator of an epoch that is over
-        if outlet.rng is None:
-            try:
+        rng = outlet.rng
+        if rng is not None and outlet.read_ahead:
+            return self._next_read_ahead(outlet, rng)
+        try:
+            if rng is None:
                 item = self._produce(outlet)
-            except StopIteration:
-                outlet.finished = True
-                raise
-            return self._deliver(outlet, item)
+            else:
+                with rng.active():  # this one item, with the pipeline's RNG states
+                    item = self._produce(outlet)
+        except StopIteration:
+            outlet.finished = True
+            raise
+        return self._deliver(outlet, item)
+
+    def _next_read_ahead(self, outlet: Outlet, rng: IsolatedRNG) -> Any:
         if not self.ahead:
-            with outlet.rng.active():
-                self._read_ahead(outlet, outlet.rng)
+            with rng.active():
+                self._read_ahead(outlet, rng)
         entry = self.ahead.popleft()
         if isinstance(entry, _End):
             self.ahead.appendleft(entry)  # every later call ends the same way

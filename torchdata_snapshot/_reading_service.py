@@ -122,11 +122,22 @@ class MultiProcessingReadingService(
             ``control_timeout_s``, ``timeout_s`` and ``restart_dead_workers`` may also be given
             as keywords.
         isolate_rng: with ``num_workers=0``, give the pipeline its own ``random``/``torch``/``numpy``
-            global RNG states (seeded by DataLoader2 like a worker's), so that the training loop's
-            draws never change the data and a restored epoch replays exactly. Swapping the
-            states costs about 25 us, so items are produced ahead (up to 256, or 2 ms' worth)
-            within one swap. numpy's legacy Gaussian cache is cleared at every item (see the
-            contract page). ``False`` is upstream's behaviour.
+            global RNG states (seeded by DataLoader2 like a worker's), swapped in for each item
+            the user asks for and out before it is returned (about 25 us), so that the training
+            loop's draws never change the data and a restored epoch replays exactly. The states
+            are process-wide: another thread that draws from them *during* ``next()`` draws from
+            the pipeline's (workers have no such window). numpy's legacy Gaussian cache is
+            cleared at every item (see the contract page). ``False`` is upstream's behaviour.
+        read_ahead: with ``num_workers=0`` and ``isolate_rng``, produce items ahead of the user
+            (up to 256, 2 ms' or 16 MB's worth) within one swap of the RNG states, for
+            throughput on cheap items; without it (the default) each item is produced when the
+            user asks for it, as upstream does. The data and the checkpoints are the same either
+            way, but reading ahead changes *when* the pipeline runs: its side effects, prints and
+            breakpoints happen for items the user has not asked for yet; a value the training
+            loop sets (a curriculum level, a flag) reaches only the items produced after it, up
+            to 256 items late; and the window in which another thread's draws from the global
+            RNGs come from the pipeline's states grows to up to 2 ms per ``next()``. No effect
+            with workers.
         elastic: let a restore resume an epoch checkpointed with another ``num_workers`` (or,
             under ``DistributedReadingService``, another world size): the rest of the epoch
             delivers each element the user had not received exactly once, dealt over the new
@@ -146,6 +157,7 @@ class MultiProcessingReadingService(
         restore: Optional[RestoreOptions] = None,
         faults: Optional[FaultOptions] = None,
         isolate_rng: bool = True,
+        read_ahead: bool = False,
         elastic: bool = False,
         verify_replay: bool = _UNSET,
         state_interval: int = _UNSET,
@@ -187,6 +199,9 @@ class MultiProcessingReadingService(
             restart_dead_workers=restart_dead_workers,
         )
         self.isolate_rng = bool(isolate_rng)
+        if not isinstance(read_ahead, bool):
+            raise TypeError(f"read_ahead must be a bool, got {read_ahead!r}")
+        self.read_ahead = read_ahead
         self.elastic = bool(elastic)
         self._reset_runtime()
 
@@ -252,6 +267,7 @@ class MultiProcessingReadingService(
         outlet = Outlet(runtime.end, runtime.positions)
         outlet.verify = self.restore_options.verify_replay
         outlet.rng = runtime.rng
+        outlet.read_ahead = self.read_ahead
         self._outlet = outlet
         self._end_datapipe = runtime.end
         self._main_datapipes = [dp for _, dp in graph_datapipes(outlet)]

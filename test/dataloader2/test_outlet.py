@@ -173,25 +173,64 @@ def _wait_5ms(x: int) -> int:
     return x
 
 
-def isolated(datapipe: Any) -> Outlet:
+def isolated(datapipe: Any, read_ahead: bool = False) -> Outlet:
     outlet = Outlet(datapipe)
-    outlet.rng = IsolatedRNG()
+    outlet.rng, outlet.read_ahead = IsolatedRNG(), read_ahead
     outlet.start_epoch(0)
     return outlet
 
 
-def test_with_isolated_rngs_items_are_produced_ahead_and_handed_out_one_by_one() -> None:
+def reading_ahead(datapipe: Any) -> Outlet:
+    return isolated(datapipe, read_ahead=True)
+
+
+def test_with_isolated_rngs_each_item_is_produced_when_the_user_asks_for_it() -> None:
     outlet = isolated(IterableWrapper(range(1000)).map(_draw))
+    got = []
+    for item in outlet:
+        assert outlet.produced_ahead == 0 and outlet.delivered == item[0] + 1
+        got.append(item)
+    assert got == list(reading_ahead(IterableWrapper(range(1000)).map(_draw))), "the same data"
+    assert outlet.finished
+
+
+def test_reading_ahead_items_are_produced_ahead_and_handed_out_one_by_one() -> None:
+    outlet = reading_ahead(IterableWrapper(range(1000)).map(_draw))
     it = iter(outlet)
     first = next(it)
     assert outlet.delivered == 1 and 0 < outlet.produced_ahead <= READ_AHEAD_ITEMS - 1
     rest = list(it)
-    assert [first, *rest] == [item for item in isolated(IterableWrapper(range(1000)).map(_draw))]
+    assert [first, *rest] == list(isolated(IterableWrapper(range(1000)).map(_draw)))
     assert outlet.delivered == 1000 and outlet.finished and outlet.produced_ahead == 0
 
 
+class FailAt7:
+    """Fails at item 7, noting how many items the user had received then."""
+
+    def __init__(self) -> None:
+        self.outlet: Any = None
+        self.user_had: List[int] = []
+
+    def __call__(self, x: int) -> int:
+        if x == 7:
+            self.user_had.append(self.outlet.delivered)
+            raise ValueError("bad item 7")
+        return x
+
+
+@pytest.mark.parametrize("read_ahead", [False, True])
+def test_an_error_happens_when_the_user_asks_for_its_item_unless_read_ahead(read_ahead: bool) -> None:
+    fail = FailAt7()
+    fail.outlet = isolated(IterableWrapper(range(20)).map(fail), read_ahead)
+    it = iter(fail.outlet)
+    assert [next(it) for _ in range(7)] == list(range(7))
+    with pytest.raises(ValueError, match="bad item 7"):
+        next(it)
+    assert fail.user_had == [0 if read_ahead else 7]
+
+
 def test_an_error_produced_ahead_reaches_the_user_after_the_items_before_it() -> None:
-    it = iter(isolated(IterableWrapper(range(20)).map(_fail_at_7)))
+    it = iter(reading_ahead(IterableWrapper(range(20)).map(_fail_at_7)))
     assert [next(it) for _ in range(7)] == list(range(7))
     with pytest.raises(ValueError, match="bad item 7"):
         next(it)
@@ -201,7 +240,7 @@ def test_an_error_produced_ahead_reaches_the_user_after_the_items_before_it() ->
 
 def test_slow_items_are_not_produced_far_ahead() -> None:
     """The read-ahead stops after ``READ_AHEAD_S`` (2 ms): a 5 ms item is produced on demand."""
-    outlet = isolated(IterableWrapper(range(5)).map(_wait_5ms))
+    outlet = reading_ahead(IterableWrapper(range(5)).map(_wait_5ms))
     for _ in outlet:
         assert outlet.produced_ahead == 0
     assert outlet.delivered == 5
@@ -215,11 +254,11 @@ def test_large_items_are_produced_ahead_only_as_far_as_read_ahead_bytes(monkeypa
     """1 MB tensors cost microseconds to make: the time bound would let 256 of them (256 MB)
     wait in the main process; the byte bound keeps it to 16 MB (time is taken out of play)."""
     monkeypatch.setattr(outlet_module, "READ_AHEAD_S", 60.0)
-    outlet = isolated(IterableWrapper(range(300)).map(_megabyte))
+    outlet = reading_ahead(IterableWrapper(range(300)).map(_megabyte))
     it = iter(outlet)
     next(it)
     assert outlet.produced_ahead == READ_AHEAD_BYTES // 2**20 - 1
-    small = isolated(IterableWrapper(range(300)))
+    small = reading_ahead(IterableWrapper(range(300)))
     next(iter(small))
     assert small.produced_ahead == READ_AHEAD_ITEMS - 1, "small items: the count bound"
 
@@ -228,26 +267,26 @@ def _normal(x: int) -> Any:
     return (x, float(numpy.random.normal()))  # an odd count: numpy caches the pair's second value
 
 
-def normals(**start: Any) -> Outlet:
+def normals(read_ahead: bool, **start: Any) -> Outlet:
     """An isolated outlet over 600 items drawing from numpy's normal distribution, seeded."""
     outlet = Outlet(IterableWrapper(range(600)).map(_normal))
-    outlet.rng, outlet.verify = IsolatedRNG(), True
+    outlet.rng, outlet.read_ahead, outlet.verify = IsolatedRNG(), read_ahead, True
     with outlet.rng.active():
         numpy.random.seed(5)
     outlet.start_epoch(0, **start)
     return outlet
 
 
-def test_how_many_items_one_swap_produces_never_changes_the_data(monkeypatch: Any) -> None:
-    """Items produced ahead start with numpy's Gaussian cache cleared, as after a swap of their own."""
-    ahead = list(normals())
-    monkeypatch.setattr(outlet_module, "READ_AHEAD_ITEMS", 1)
-    assert list(normals()) == ahead
+def test_reading_ahead_never_changes_the_data() -> None:
+    """Items produced ahead start with numpy's Gaussian cache cleared, as after a swap of their
+    own; so the data do not depend on how many items a swap produced (up to 2 ms' worth)."""
+    assert list(normals(read_ahead=True)) == list(normals(read_ahead=False))
 
 
-def test_a_main_process_replay_draws_as_the_items_it_replays_did() -> None:
-    uninterrupted = list(normals())
-    resumed = normals(skip=300, skip_digest=digest_of(uninterrupted[:300]))
+@pytest.mark.parametrize("read_ahead", [False, True])
+def test_a_main_process_replay_draws_as_the_items_it_replays_did(read_ahead: bool) -> None:
+    uninterrupted = list(normals(read_ahead=not read_ahead))  # (the modes give the same data)
+    resumed = normals(read_ahead, skip=300, skip_digest=digest_of(uninterrupted[:300]))
     assert list(resumed) == uninterrupted[300:]
 
 
@@ -269,6 +308,7 @@ def test_data_bytes_counts_tensors_arrays_strings_and_bytes(item: Any, size: int
 
 def test_without_isolation_nothing_is_produced_ahead() -> None:
     outlet = Outlet(IterableWrapper(range(10)))
+    outlet.read_ahead = True  # (it amortizes swaps: without isolated RNGs there are none)
     outlet.start_epoch(0)
     it = iter(outlet)
     next(it)

@@ -365,14 +365,17 @@ def test_snapshot_reports_datapipe_yields_and_states(make_dl: Any) -> None:
         }
 
 
-def test_snapshot_with_num_workers_0(make_dl: Any) -> None:
-    dl = make_dl(tiny(10), rs(0))
+@pytest.mark.parametrize("read_ahead", [False, True])
+def test_snapshot_with_num_workers_0(make_dl: Any, read_ahead: bool) -> None:
+    dl = make_dl(tiny(10), rs(0, read_ahead=read_ahead))
     it = iter(dl)
     take(it, 4)
     (snap,) = dl.reading_service.snapshot()
     assert (snap.role, snap.worker_id, snap.pid, snap.epoch) == ("in_process", 0, os.getpid(), 0)
-    # Items are produced ahead, in one swap of the isolated RNG states (here: all ten).
+    # Reading ahead, items are produced in one swap of the isolated RNG states (up to all ten).
     assert snap.handed_on == 4 and snap.produced == snap.handed_on + snap.buffered_in_main
+    if not read_ahead:
+        assert snap.produced == 4, "each item when the user asked for it"
     assert snap.datapipe_yields["1:MapperIterDataPipe"] == snap.produced
 
 

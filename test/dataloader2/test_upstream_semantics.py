@@ -1,11 +1,13 @@
 """What upstream's own DataLoader2 tests expect of a MultiProcessingReadingService, in our words
 (docs/migration.rst): the graph the reading service adapted, restarting a saved epoch from its
-beginning, seeds that depend only on the SeedGenerator handed over, and breaking out early."""
+beginning, seeds that depend only on the SeedGenerator handed over, breaking out early, and
+``num_workers=0`` running the pipeline when the user asks for an item."""
 
 from __future__ import annotations
 
 import random
-from typing import Any, List, Tuple
+import threading
+from typing import Any, Callable, List, Tuple
 
 import numpy
 import pytest
@@ -14,6 +16,9 @@ from pipelines import NonReplicable, double, pipeline, rs, take, with_global_ran
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
+
+import torchdata_snapshot._outlet as outlet_module
+from torchdata_snapshot._constants import READ_AHEAD_ITEMS
 
 
 def reseed_globals(seed: int) -> None:
@@ -226,3 +231,146 @@ def test_limit_pause_resume_rounds_over_stacked_prefetchers_in_the_workers(
     it.limit(2)
     got += list(it)
     assert len(got) == 9
+
+
+# --- num_workers=0: the pipeline runs when the user asks for an item -----------------------------
+
+
+CALLS = [0]  # calls of count_calls
+CURRICULUM_LEVEL = 0  # set by the training loop before it asks for an item
+
+
+def count_calls(x: int) -> int:
+    CALLS[0] += 1
+    return x
+
+
+def at_curriculum_level(x: int) -> Tuple[int, int]:
+    return x, CURRICULUM_LEVEL
+
+
+@pytest.mark.parametrize("read_ahead", [False, True])
+def test_num_workers_0_runs_the_map_once_for_each_item_the_user_asked_for(
+    make_dl: Any, read_ahead: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(outlet_module, "READ_AHEAD_S", 60.0)  # (reading ahead: the count bound)
+    dl = make_dl(IterableWrapper(range(300)).map(count_calls), rs(0, read_ahead=read_ahead))
+    CALLS[0] = 0
+    it = iter(dl)
+    assert CALLS[0] == 0, "iter() runs no item"
+    assert next(it) == 0
+    if read_ahead:
+        assert CALLS[0] == READ_AHEAD_ITEMS, "the map ran for items the user has not asked for"
+        return
+    assert CALLS[0] == 1
+    for k, item in enumerate(it, start=1):
+        assert (item, CALLS[0]) == (k, k + 1)
+
+
+def test_num_workers_0_sees_what_the_training_loop_set_before_asking_for_the_item(make_dl: Any) -> None:
+    global CURRICULUM_LEVEL
+    dl = make_dl(IterableWrapper(range(300)).map(at_curriculum_level), rs(0))
+    it = iter(dl)
+    for k in range(300):
+        CURRICULUM_LEVEL = k // 10  # the loop raises the level every 10 steps
+        assert next(it) == (k, k // 10)
+
+
+def with_global_normals(x: int) -> Tuple[Any, ...]:
+    """Uses the three global RNGs, an odd number of numpy normals among them."""
+    return (
+        x,
+        random.random(),
+        random.gauss(0, 1),
+        float(torch.rand(())),
+        float(torch.randn(())),
+        float(numpy.random.rand()),
+        float(numpy.random.normal()),
+    )
+
+
+def training_loop_draws() -> None:
+    random.random()
+    random.gauss(0, 1)
+    torch.randn(3)
+    numpy.random.normal()
+
+
+class OtherThread:
+    """A thread of the training process that draws from ``random`` while the loop works on an
+    item, between two ``next()``: as many times as it happens to (1 to 100, from an RNG that is
+    not the global one). (Draws made *during* ``next()`` would come from the pipeline's states,
+    which are process-wide while the item is produced: the docs say so.)"""
+
+    def __init__(self) -> None:
+        self.gap, self.done = threading.Semaphore(0), threading.Semaphore(0)
+        self.closing = False
+        self.draws = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        how_many = random.SystemRandom()
+        while self.gap.acquire(timeout=30) and not self.closing:
+            for _ in range(how_many.randrange(1, 101)):
+                random.random()
+                self.draws += 1
+            self.done.release()
+
+    def between_items(self) -> None:
+        self.gap.release()
+        assert self.done.acquire(timeout=30), "the thread answers"
+
+    def close(self) -> None:
+        self.closing = True
+        self.gap.release()
+        self.thread.join(30)
+
+
+def two_epochs(make_dl: Any, between_items: Callable[[], None], read_ahead: bool = False) -> List[Any]:
+    pipe = IterableWrapper(range(400)).shuffle().sharding_filter().map(with_global_normals)
+    dl = make_dl(pipe, rs(0, read_ahead=read_ahead))
+    items = []
+    for _ in range(2):
+        for item in dl:
+            items.append(item)
+            between_items()
+    return items
+
+
+@pytest.mark.parametrize("read_ahead", [False, True])
+def test_num_workers_0_data_do_not_depend_on_what_the_training_loop_draws(
+    make_dl: Any, read_ahead: bool
+) -> None:
+    alone = two_epochs(make_dl, lambda: None, read_ahead)
+    assert len(alone) == 800
+    assert two_epochs(make_dl, training_loop_draws, read_ahead) == alone
+    other = OtherThread()
+    try:
+        assert two_epochs(make_dl, other.between_items, read_ahead) == alone
+    finally:
+        other.close()
+    assert other.draws >= 800
+
+
+def test_num_workers_0_reading_ahead_gives_the_same_data_and_checkpoints(make_dl: Any) -> None:
+    """Reading ahead is for throughput only: a state taken in one mode resumes in the other."""
+    pipe = IterableWrapper(range(100)).shuffle().sharding_filter().map(with_global_normals)
+    lazy = make_dl(pipe, rs(0))
+    epoch = list(lazy)
+    for taken_with in (False, True):
+        dl = make_dl(pipe, rs(0, read_ahead=taken_with))
+        it = iter(dl)
+        assert take(it, 37) == epoch[:37]
+        state = dl.state_dict()
+        again = DataLoader2.from_state(state, rs(0, read_ahead=not taken_with))
+        try:
+            assert list(again) == epoch[37:]
+        finally:
+            again.shutdown()
+
+
+@pytest.mark.parametrize("read_ahead", ["yes", 1, None])
+def test_read_ahead_must_be_a_bool(read_ahead: Any) -> None:
+    with pytest.raises(TypeError, match="read_ahead must be a bool"):
+        rs(0, read_ahead=read_ahead)
