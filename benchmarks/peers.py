@@ -4,11 +4,14 @@ Every peer prefetches with its defaults scaled the same way: DataLoader2 with 10
 worker and 10 in the main process; ``DataLoader``/``StatefulDataLoader`` with
 ``prefetch_factor=10`` (items per worker). Workers are started before timing starts. ``in_process``
 (upstream's ``InProcessReadingService``, whatever the worker count) is the ceiling.
+``ours_read_ahead`` is ours with ``read_ahead=True``, which only changes ``num_workers=0``: it
+runs there only (see :data:`IN_PROCESS_ONLY`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Dict, Optional
 
 from torch.utils.data import DataLoader
@@ -18,6 +21,9 @@ from torchdata.dataloader2 import MultiProcessingReadingService as UpstreamMPRS
 from torchdata_snapshot import MultiProcessingReadingService
 
 PREFETCH = 10
+
+#: Peers measured with ``num_workers=0`` only (the same as another peer with workers).
+IN_PROCESS_ONLY = frozenset({"ours_read_ahead"})
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,9 @@ def peers() -> Dict[str, Peer]:
     out = {
         "upstream_mprs": Peer("upstream_mprs", _dl2(UpstreamMPRS), _shutdown_dl2),
         "ours": Peer("ours", _dl2(MultiProcessingReadingService), _shutdown_dl2, lambda dl: dl.state_dict()),
+        "ours_read_ahead": Peer(
+            "ours_read_ahead", _dl2(partial(MultiProcessingReadingService, read_ahead=True)), _shutdown_dl2
+        ),
         "dataloader": Peer("dataloader", _torch_loader(DataLoader), _drop_torch_loader),
         "in_process": Peer("in_process", _in_process, _shutdown_dl2),
     }

@@ -6,10 +6,11 @@
 For each workload (tiny items, CPU-heavy items, large tensors) and worker count, every peer
 (upstream MPRS, ours, torch.utils.data.DataLoader, torchdata's StatefulDataLoader, and the
 in-process ceiling) runs the same pipeline, in alternation, ``--repeats`` times; the report gives
-median items/s and the ratios ours / peer. Then: ``state_dict()`` and ``snapshot()`` latency
-while prefetching, restore time against the position ``k`` (relative to ``k = 0``; an elastic
-restore from 2 to 3 workers also relative to the exact one at the same ``k``), and memory
-across many snapshots. Results go to ``latest.json``,
+median items/s and the ratios ours / peer. With ``num_workers=0`` ours runs twice, in its default
+mode (each item when the user asks for it) and with ``read_ahead=True``: two rows. Then:
+``state_dict()`` and ``snapshot()`` latency while prefetching, restore time against the position
+``k`` (relative to ``k = 0``; an elastic restore from 2 to 3 workers also relative to the exact
+one at the same ``k``), and memory across many snapshots. Results go to ``latest.json``,
 ``latest.md`` and (with matplotlib) ``latest.png`` in ``--out``.
 
 These machines are shared and noisy: read medians, never single runs.
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torchdata  # noqa: E402
-from peers import Peer, peers  # noqa: E402
+from peers import IN_PROCESS_ONLY, Peer, peers  # noqa: E402
 from torchdata.dataloader2 import DataLoader2  # noqa: E402
 from workloads import Workload, calibrate_burn, restore_workloads, workloads  # noqa: E402
 
@@ -74,22 +75,47 @@ def run_throughput(
     rows = []
     for workload in loads.values():
         for num_workers in args.workers:
-            samples: Dict[str, List[float]] = {name: [] for name in all_peers}
+            measured = [p for p in all_peers.values() if num_workers == 0 or p.name not in IN_PROCESS_ONLY]
+            samples: Dict[str, List[float]] = {peer.name: [] for peer in measured}
             for _ in range(args.repeats):
-                for peer in all_peers.values():  # alternate: A B C D, A B C D, ...
+                for peer in measured:  # alternate: A B C D, A B C D, ...
                     samples[peer.name].append(throughput(peer, workload, num_workers))
             medians = {name: statistics.median(values) for name, values in samples.items()}
-            row = {
-                "workload": workload.name,
-                "num_workers": num_workers,
-                "median_items_per_s": medians,
-                "samples": samples,
-                "ratios": {name: medians["ours"] / medians[name] for name in medians if name != "ours"},
-            }
-            rows.append(row)
+            rows += throughput_rows(workload.name, num_workers, medians, samples)
             print(f"  {workload.name:13s} workers={num_workers}: "
                   + "  ".join(f"{n}={v:,.0f}/s" for n, v in medians.items()), flush=True)  # fmt: skip
     return rows
+
+
+#: Our variants, each a row of the table (``read_ahead`` where it was measured: ``num_workers=0``).
+VARIANTS = {"default": "ours", "read_ahead": "ours_read_ahead"}
+
+
+def throughput_rows(
+    workload: str, num_workers: int, medians: Dict[str, float], samples: Dict[str, List[float]]
+) -> List[Dict]:
+    """One row per variant of ours that was measured, its median as ``ours`` beside the peers'."""
+    others = {name: value for name, value in medians.items() if name not in VARIANTS.values()}
+    rows = []
+    for variant, name in VARIANTS.items():
+        if name in medians:
+            rows.append(
+                {
+                    "workload": workload,
+                    "num_workers": num_workers,
+                    "variant": variant,
+                    "median_items_per_s": {"ours": medians[name], **others},
+                    "samples": samples,
+                    "ratios": {peer: medians[name] / value for peer, value in others.items()},
+                }
+            )
+    return rows
+
+
+def workers_label(row: Dict) -> str:
+    """The table's workers cell: ``0, read_ahead`` for that variant (rows of older results have none)."""
+    variant = row.get("variant", "default")
+    return f"{row['num_workers']}" + ("" if variant == "default" else f", {variant}")
 
 
 def percentile(values: List[float], q: float) -> float:
@@ -262,7 +288,7 @@ def markdown(results: Dict) -> str:
     for row in results["throughput"]:
         m, r = row["median_items_per_s"], row["ratios"]
         lines.append(
-            f"| {row['workload']} | {row['num_workers']} | {m['ours']:,.0f} | {m['upstream_mprs']:,.0f} "
+            f"| {row['workload']} | {workers_label(row)} | {m['ours']:,.0f} | {m['upstream_mprs']:,.0f} "
             f"| {m['dataloader']:,.0f} | {m.get('stateful_dataloader', nan):,.0f} "
             f"| {m.get('in_process', nan):,.0f} | {r['upstream_mprs']:.1f}x | {r['dataloader']:.2f}x "
             f"| {r.get('stateful_dataloader', nan):.2f}x | {r.get('in_process', nan):.2f}x |"
@@ -314,7 +340,7 @@ def plot(results: Dict, path: Path) -> bool:
             ys = [row["median_items_per_s"].get(name, 0) for row in rows]
             ax.bar(xs, ys, width, label=name)
         ax.set_xticks([j + 2 * width for j in range(len(rows))])
-        ax.set_xticklabels([f"{row['num_workers']} workers" for row in rows])
+        ax.set_xticklabels([f"{workers_label(row)} workers" for row in rows])
         ax.set_yscale("log")
         ax.set_title(load)
         ax.set_ylabel("items/s (median)")
@@ -347,7 +373,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.quick = True
-        args.repeats, args.workers, args.workloads = 1, [2], ["tiny"]
+        args.repeats, args.workers, args.workloads = 1, [0, 2], ["tiny"]
     if args.quick:
         args.repeats = min(args.repeats, 2)
     burn_loops = calibrate_burn()

@@ -19,9 +19,22 @@ def test_benchmark_smoke_run_writes_table_and_json(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads((tmp_path / "latest.json").read_text())
-    (row,) = results["throughput"]
-    assert set(row["median_items_per_s"]) >= {"ours", "upstream_mprs", "dataloader", "in_process"}
-    assert row["ratios"]["dataloader"] > 0 and row["ratios"]["in_process"] > 0
+    rows = results["throughput"]
+    assert [(r["num_workers"], r["variant"]) for r in rows] == [
+        (0, "default"),
+        (0, "read_ahead"),
+        (2, "default"),
+    ]
+    for row in rows:
+        assert set(row["median_items_per_s"]) == {
+            "ours",
+            "upstream_mprs",
+            "dataloader",
+            "stateful_dataloader",
+            "in_process",
+        }
+        assert row["ratios"]["dataloader"] > 0 and row["ratios"]["in_process"] > 0
+    assert rows[0]["median_items_per_s"]["ours"] != rows[1]["median_items_per_s"]["ours"]
     restores = results["restore"]
     assert {r["workload"] for r in restores} >= {"tiny_batched", "1ms_items", "20ms_items", "buffer_10k"}
     assert all(r["ratio_to_k0"] == 1.0 for r in restores if r["k"] == 0)
@@ -30,7 +43,9 @@ def test_benchmark_smoke_run_writes_table_and_json(tmp_path: Path) -> None:
     assert all(r["ratio_to_exact"] > 0 for r in elastic)
     table = (tmp_path / "latest.md").read_text()
     assert (
-        "| tiny | 2 |" in table
+        "| tiny | 0 |" in table
+        and "| tiny | 0, read_ahead |" in table
+        and "| tiny | 2 |" in table
         and "ours.state_dict.tiny" in table
         and "| 20ms_items | stateful |" in table
         and "| tiny_batched | elastic 2->3 | 100 |" in table
