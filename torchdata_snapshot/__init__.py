@@ -22,7 +22,7 @@ from torchdata_snapshot._errors import (
     WorkerError,
     WorkerTimeoutError,
 )
-from torchdata_snapshot._options import BatchingOptions, FaultOptions, RestoreOptions
+from torchdata_snapshot._options import BatchingOptions
 from torchdata_snapshot._reading_service import MultiProcessingReadingService
 from torchdata_snapshot._stateful import register_state_functions
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
@@ -32,7 +32,6 @@ __version__ = "0.1.0"
 __all__ = [
     "BatchingOptions",
     "CheckpointError",
-    "FaultOptions",
     "IncompatibleCheckpointError",
     "InvalidCheckpointError",
     "MultiProcessingReadingService",
@@ -40,7 +39,6 @@ __all__ = [
     "ReadingServiceClosedError",
     "ReadingServiceError",
     "ReplayDivergenceError",
-    "RestoreOptions",
     "StateCaptureError",
     "StateRestoreError",
     "WorkerDiedError",

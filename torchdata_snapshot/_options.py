@@ -1,8 +1,8 @@
 """The reading service's options, grouped by what they govern; each group validates itself.
 
-``MultiProcessingReadingService`` takes the groups (``batching=``, ``restore=``, ``faults=``) or
-their fields as flat keywords, as earlier releases did; :class:`WorkerOptions` is what every
-worker process receives.
+``MultiProcessingReadingService`` takes :class:`BatchingOptions` as ``batching=`` and the fields
+of :class:`RestoreOptions` and :class:`FaultOptions` as its own keywords (one spelling each);
+:class:`WorkerOptions` is what every worker process receives.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.utils import WorkerInfo
 
-from torchdata_snapshot._constants import DEFAULT_CONTROL_TIMEOUT_S
+from torchdata_snapshot._constants import DEFAULT_CONTROL_TIMEOUT_S, DEFAULT_STATE_INTERVAL
 
 __all__ = ["BatchingOptions", "FaultOptions", "RestoreOptions", "WorkerOptions"]
 
@@ -63,24 +63,22 @@ class RestoreOptions:
             ``state_interval`` items apart; a restore loads the latest one instead of replaying
             the epoch, so what it replays takes at most 100 captures' time (or one item) at any
             position.
-            ``0`` turns capturing off.
         stateful: ``None`` restores from states where the graph allows it and replays elsewhere;
-            ``False`` always replays; ``True`` requires it (a graph that cannot is an error at
-            the first ``iter()``; so is ``sharding_round_robin_dispatch``).
+            ``False`` always replays and captures nothing; ``True`` requires it (a graph that
+            cannot is an error at the first ``iter()``; so is ``sharding_round_robin_dispatch``).
     """
 
     verify_replay: bool = True
-    state_interval: int = 1024
+    state_interval: int = DEFAULT_STATE_INTERVAL
     stateful: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.verify_replay, bool):
             raise TypeError(f"verify_replay must be a bool, got {self.verify_replay!r}")
-        _check_count("state_interval", self.state_interval)
+        if _check_count("state_interval", self.state_interval) < 1:
+            raise ValueError("state_interval must be >= 1 (stateful=False turns state captures off)")
         if self.stateful not in (None, True, False):
             raise ValueError(f"stateful must be None, True or False, got {self.stateful!r}")
-        if self.stateful and not self.state_interval:
-            raise ValueError("stateful=True needs state_interval > 0 (0 turns state capture off)")
 
 
 @dataclass(frozen=True)

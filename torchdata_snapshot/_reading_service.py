@@ -11,7 +11,7 @@ NOTE [ Snapshot protocol ] (:mod:`torchdata_snapshot._messages`).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch.multiprocessing as mp
 from torchdata.dataloader2 import reading_service as upstream
@@ -22,7 +22,12 @@ from torchdata.dataloader2.utils import WorkerInfo
 
 from torchdata_snapshot._checkpoint import Checkpoint, GraphIdentity, WorkerPosition, graph_identity
 from torchdata_snapshot._compat import calling_dataloader2_is_seeded
-from torchdata_snapshot._constants import JOIN_TIMEOUT_S, NO_EPOCH
+from torchdata_snapshot._constants import (
+    DEFAULT_CONTROL_TIMEOUT_S,
+    DEFAULT_STATE_INTERVAL,
+    JOIN_TIMEOUT_S,
+    NO_EPOCH,
+)
 from torchdata_snapshot._consumer import credit_window
 from torchdata_snapshot._elastic import elastic_refusal, replicable_branch, resume_levels
 from torchdata_snapshot._errors import (
@@ -71,25 +76,6 @@ def _shut_down_when_broken(method: Callable[..., Any]) -> Callable[..., Any]:
     return guarded
 
 
-#: The default of the flat option keywords: "not given" (their group's value applies).
-_UNSET: Any = object()
-
-_Group = TypeVar("_Group", RestoreOptions, FaultOptions)
-
-
-def _option_group(name: str, kind: Type[_Group], group: Optional[_Group], **flat: Any) -> _Group:
-    """``group`` (or the defaults) with the flat keywords that were given applied to it."""
-    if group is not None and not isinstance(group, kind):
-        raise TypeError(f"{name} must be a {kind.__name__}, got {type(group).__name__}")
-    given = {key: value for key, value in flat.items() if value is not _UNSET}
-    if group is not None and given:
-        raise TypeError(
-            f"give {', '.join(sorted(given))} either as keyword(s) or inside {name}={kind.__name__}(...), "
-            "not both"
-        )
-    return kind(**given) if group is None else group
-
-
 class MultiProcessingReadingService(
     upstream.MultiProcessingReadingService, CheckpointableReadingServiceInterface
 ):
@@ -116,11 +102,19 @@ class MultiProcessingReadingService(
 
     Keyword Args:
         batching: how workers group items into messages (:class:`BatchingOptions`).
-        restore: how checkpoints are taken and restored (:class:`RestoreOptions`); its fields
-            ``verify_replay``, ``state_interval`` and ``stateful`` may also be given as keywords.
-        faults: bounds on waiting and self-healing (:class:`FaultOptions`); its fields
-            ``control_timeout_s``, ``timeout_s`` and ``restart_dead_workers`` may also be given
-            as keywords.
+        verify_replay: check, on restore, that what is replayed reproduces what the user had
+            received (a running digest of each stream); raise
+            :class:`~torchdata_snapshot.ReplayDivergenceError` if it does not.
+        stateful: restore from captured graph states where the graph allows it (``None``, the
+            default) and replay elsewhere; ``False`` always replays (and captures nothing);
+            ``True`` requires it (a graph that cannot is an error at the first ``iter()``).
+        state_interval: at most this many items between two captures of a worker's graph
+            state (captures are otherwise paced to 1% of the worker's time).
+        control_timeout_s: bound on waiting for the answer to a control request (pause, state,
+            epoch reset); a process's first answer gets at least 120 s (it may be starting).
+        timeout_s: bound on waiting for one item (``None``: as long as the worker lives).
+        restart_dead_workers: self-healing: how many times per epoch a worker that dies may be
+            replaced by a new process that replays its stream (see the reliability page).
         isolate_rng: with ``num_workers=0``, give the pipeline its own ``random``/``torch``/``numpy``
             global RNG states (seeded by DataLoader2 like a worker's), swapped in for each item
             the user asks for and out before it is returned (about 25 us), so that the training
@@ -154,17 +148,15 @@ class MultiProcessingReadingService(
         worker_reset_fn: Optional[Callable[[DataPipe, WorkerInfo, SeedGenerator], DataPipe]] = None,
         *,
         batching: BatchingOptions = BatchingOptions(),
-        restore: Optional[RestoreOptions] = None,
-        faults: Optional[FaultOptions] = None,
+        verify_replay: bool = True,
+        stateful: Optional[bool] = None,
+        state_interval: int = DEFAULT_STATE_INTERVAL,
+        control_timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S,
+        timeout_s: Optional[float] = None,
+        restart_dead_workers: int = 0,
         isolate_rng: bool = True,
         read_ahead: bool = False,
         elastic: bool = False,
-        verify_replay: bool = _UNSET,
-        state_interval: int = _UNSET,
-        stateful: Optional[bool] = _UNSET,
-        control_timeout_s: float = _UNSET,
-        timeout_s: Optional[float] = _UNSET,
-        restart_dead_workers: int = _UNSET,
     ) -> None:
         # Upstream's __init__ is not called: it asserts instead of raising and warns that
         # num_workers=0 should use InProcessReadingService, which is not true here.
@@ -182,22 +174,8 @@ class MultiProcessingReadingService(
         if not isinstance(batching, BatchingOptions):
             raise TypeError(f"batching must be a BatchingOptions, got {type(batching).__name__}")
         self.batching = batching
-        self.restore_options = _option_group(
-            "restore",
-            RestoreOptions,
-            restore,
-            verify_replay=verify_replay,
-            state_interval=state_interval,
-            stateful=stateful,
-        )
-        self.fault_options = _option_group(
-            "faults",
-            FaultOptions,
-            faults,
-            control_timeout_s=control_timeout_s,
-            timeout_s=timeout_s,
-            restart_dead_workers=restart_dead_workers,
-        )
+        self.restore_options = RestoreOptions(verify_replay, state_interval, stateful)
+        self.fault_options = FaultOptions(control_timeout_s, timeout_s, restart_dead_workers)
         self.isolate_rng = bool(isolate_rng)
         if not isinstance(read_ahead, bool):
             raise TypeError(f"read_ahead must be a bool, got {read_ahead!r}")

@@ -419,7 +419,7 @@ def _maybe_resumable(datapipe: DataPipe, options: WorkerOptions) -> Tuple[DataPi
     """The graph rewritten for stateful restore when it allows it (and the options do), and
     whether it was."""
     restore = options.restore
-    if restore.stateful is False or restore.state_interval <= 0:
+    if restore.stateful is False:
         return datapipe, False
     if find_dispatched_sources(datapipe):
         if restore.stateful:

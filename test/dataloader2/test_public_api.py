@@ -5,7 +5,6 @@ import torchdata_snapshot
 EXPECTED_PUBLIC_NAMES = [
     "BatchingOptions",
     "CheckpointError",
-    "FaultOptions",
     "IncompatibleCheckpointError",
     "InvalidCheckpointError",
     "MultiProcessingReadingService",
@@ -13,7 +12,6 @@ EXPECTED_PUBLIC_NAMES = [
     "ReadingServiceClosedError",
     "ReadingServiceError",
     "ReplayDivergenceError",
-    "RestoreOptions",
     "StateCaptureError",
     "StateRestoreError",
     "WorkerDiedError",

@@ -28,14 +28,9 @@ from torchdata.dataloader2 import DataLoader2
 from torchdata.dataloader2 import MultiProcessingReadingService as UpstreamMPRS
 from torchdata.datapipes.iter import IterableWrapper
 
-from torchdata_snapshot import (
-    FaultOptions,
-    MultiProcessingReadingService,
-    ReadingServiceClosedError,
-    RestoreOptions,
-    WorkerSnapshot,
-)
+from torchdata_snapshot import MultiProcessingReadingService, ReadingServiceClosedError, WorkerSnapshot
 from torchdata_snapshot._errors import ReadingServiceError
+from torchdata_snapshot._options import FaultOptions, RestoreOptions
 
 
 def run_epochs(
@@ -87,11 +82,11 @@ def test_is_an_upstream_reading_service_with_the_same_defaults() -> None:
         ({"control_timeout_s": 0}, "control_timeout_s must be > 0"),
         ({"timeout_s": -1}, "timeout_s must be > 0 or None"),
         ({"stateful": "yes"}, "stateful must be None, True or False"),
-        ({"stateful": True, "state_interval": 0}, "stateful=True needs state_interval > 0"),
+        ({"state_interval": 0}, "state_interval must be >= 1 \\(stateful=False turns state captures off"),
         ({"restart_dead_workers": -1}, "restart_dead_workers must be a non-negative int"),
-        ({"restore": RestoreOptions(), "stateful": True}, "give stateful either as keyword"),
-        ({"faults": FaultOptions(), "timeout_s": 3.0}, "give timeout_s either as keyword"),
-        ({"restore": FaultOptions()}, "restore must be a RestoreOptions"),
+        ({"verify_replay": 1}, "verify_replay must be a bool"),
+        ({"restore": RestoreOptions()}, "unexpected keyword argument 'restore'"),
+        ({"faults": FaultOptions()}, "unexpected keyword argument 'faults'"),
     ],
 )
 def test_bad_arguments_are_refused_with_value_errors(kwargs: Any, match: str) -> None:
@@ -99,30 +94,14 @@ def test_bad_arguments_are_refused_with_value_errors(kwargs: Any, match: str) ->
         MultiProcessingReadingService(**kwargs)
 
 
-@pytest.mark.parametrize(
-    "group, match",
-    [
-        (lambda: RestoreOptions(state_interval=-1), "state_interval must be a non-negative int"),
-        (lambda: RestoreOptions(verify_replay=1), "verify_replay must be a bool"),
-        (lambda: FaultOptions(control_timeout_s=-1.0), "control_timeout_s must be > 0"),
-    ],
-)
-def test_option_groups_validate_themselves(group: Any, match: str) -> None:
-    with pytest.raises((ValueError, TypeError), match=match):
-        group()
-
-
-def test_options_given_as_keywords_or_as_groups_are_the_same() -> None:
-    flat = MultiProcessingReadingService(
-        2, verify_replay=False, state_interval=7, control_timeout_s=3.0, restart_dead_workers=2
+def test_each_option_has_one_spelling_whose_value_the_service_keeps() -> None:
+    """The restore and fault options are keywords of the constructor, nothing else."""
+    service = MultiProcessingReadingService(
+        2, verify_replay=False, state_interval=7, stateful=True, control_timeout_s=3.0, restart_dead_workers=2
     )
-    grouped = MultiProcessingReadingService(
-        2,
-        restore=RestoreOptions(verify_replay=False, state_interval=7),
-        faults=FaultOptions(control_timeout_s=3.0, restart_dead_workers=2),
-    )
-    assert flat.restore_options == grouped.restore_options == RestoreOptions(False, 7, None)
-    assert flat.fault_options == grouped.fault_options == FaultOptions(3.0, None, 2)
+    assert service.restore_options == RestoreOptions(verify_replay=False, state_interval=7, stateful=True)
+    assert service.fault_options == FaultOptions(3.0, None, restart_dead_workers=2)
+    assert MultiProcessingReadingService(2).restore_options == RestoreOptions()
 
 
 @pytest.mark.parametrize("num_workers", [0, 1, 2, 4])

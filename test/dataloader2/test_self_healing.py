@@ -8,7 +8,7 @@ import os
 import signal
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict
 
 import pytest
 from pipelines import (
@@ -41,13 +41,11 @@ def killing(marker: Path, k: int, n: int = 120) -> Any:
 
 @pytest.mark.parametrize("k", [0, 5, 60, 119])
 @pytest.mark.parametrize("prefetch", [(0, 0), (10, 10)])
-@pytest.mark.parametrize("state_interval", [0, 8], ids=["replay", "from-state"])
+@pytest.mark.parametrize("restore", [{"stateful": False}, {"state_interval": 8}], ids=["replay", "states"])
 def test_a_killed_worker_is_replaced_and_the_data_is_exactly_the_same(
-    make_dl: Any, tmp_path: Path, k: int, prefetch: Any, state_interval: int
+    make_dl: Any, tmp_path: Path, k: int, prefetch: Any, restore: Dict[str, Any]
 ) -> None:
-    config = dict(
-        worker_prefetch_cnt=prefetch[0], main_prefetch_cnt=prefetch[1], state_interval=state_interval
-    )
+    config = dict(worker_prefetch_cnt=prefetch[0], main_prefetch_cnt=prefetch[1], **restore)
     reference = list(make_dl(killing(tmp_path / "absent", k), rs(2, **config)))
     marker = tmp_path / "kill"
     marker.touch()
