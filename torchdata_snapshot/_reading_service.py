@@ -259,9 +259,7 @@ class MultiProcessingReadingService(
     def initialize_iteration(
         self, seed_generator: SeedGenerator, iter_reset_fn: Optional[Callable[[DataPipe], DataPipe]] = None
     ) -> Optional[Callable[[DataPipe], DataPipe]]:
-        self._check_open()
-        outlet = self._outlet
-        assert outlet is not None, "initialize() must be called first"
+        runtime, outlet = self._running("initialize_iteration()")
         resume, self._pending_restore = self._pending_restore, None
         self._epoch += 1
         if (
@@ -286,8 +284,7 @@ class MultiProcessingReadingService(
         levels = () if resume is None else tuple(map(Level, resume.remaining))
         head_states, self._head_states = self._head_states if resume is not None else (), ()
         self._elastic = ElasticEpoch(levels, head_states) if levels else None
-        assert self._runtime is not None
-        self._runtime.start_epoch(outlet, self._epoch, seed_generator, iter_reset_fn, resume, self._elastic)
+        runtime.start_epoch(outlet, self._epoch, seed_generator, iter_reset_fn, resume, self._elastic)
         outlet.start_epoch_at(self._epoch, resume)
         return None
 
@@ -410,11 +407,10 @@ class MultiProcessingReadingService(
         self, pause_fn: Optional[Callable[[DataPipe], DataPipe]] = None
     ) -> Optional[Callable[[DataPipe], DataPipe]]:
         """Pause main-process DataPipes (prefetchers, ``fullsync``), then the workers."""
-        self._check_open()
+        runtime, _ = self._running("_pause()")
         for dp in pausable(self._main_datapipes):
             pause_datapipe(dp)
-        assert self._runtime is not None
-        self._runtime.pause(pause_fn)
+        runtime.pause(pause_fn)
         self._paused = True
         return None
 
@@ -422,9 +418,8 @@ class MultiProcessingReadingService(
     def _resume(
         self, resume_fn: Optional[Callable[[DataPipe], DataPipe]] = None
     ) -> Optional[Callable[[DataPipe], DataPipe]]:
-        self._check_open()
-        assert self._runtime is not None
-        self._runtime.resume(resume_fn)
+        runtime, _ = self._running("_resume()")
+        runtime.resume(resume_fn)
         for dp in reversed(pausable(self._main_datapipes)):
             dp.resume()
         self._paused = False
@@ -437,10 +432,9 @@ class MultiProcessingReadingService(
         limit_fn: Optional[Callable[[DataPipe, Optional[int]], DataPipe]] = None,
     ) -> Optional[Callable[[DataPipe, Optional[int]], DataPipe]]:
         if limit_fn is not None:
-            self._check_open()
-            assert self._runtime is not None
-            self._runtime.limit(num_batches, limit_fn)
-            limit_fn(self._outlet, num_batches)
+            runtime, outlet = self._running("_limit()")
+            runtime.limit(num_batches, limit_fn)
+            limit_fn(outlet, num_batches)
         return None
 
     # --- the RFC: snapshot --------------------------------------------------------------------
@@ -452,6 +446,17 @@ class MultiProcessingReadingService(
                 "its workers are gone, so there is no state to report"
             )
 
+    def _running(self, what: str) -> Tuple[Union[InProcess, WorkerPool], Outlet]:
+        """The runtime and the outlet, for ``what`` (a method's name) to use; raises
+        :class:`ReadingServiceClosedError` after ``finalize()`` and :class:`ReadingServiceError`
+        before ``initialize()``."""
+        self._check_open()
+        if self._runtime is None or self._outlet is None:
+            raise ReadingServiceError(
+                f"{what} needs a running reading service: create an iterator of the DataLoader2 first"
+            )
+        return self._runtime, self._outlet
+
     @_shut_down_when_broken
     def snapshot(self) -> List[WorkerSnapshot]:
         """One :class:`WorkerSnapshot` per worker, taken at one consistent point.
@@ -462,14 +467,9 @@ class MultiProcessingReadingService(
         :class:`WorkerSnapshot`). Nothing about the order of the data changes.
         With ``num_workers=0`` the single snapshot describes the in-process graph.
         """
-        self._check_open()
-        if not self._initialized:
-            raise ReadingServiceError(
-                "snapshot() needs a running reading service: create an iterator of the DataLoader2 first"
-            )
-        assert self._runtime is not None and self._outlet is not None
+        runtime, outlet = self._running("snapshot()")
         with paused([] if self._paused else pausable(self._main_datapipes)):
-            return self._runtime.snapshot(self._outlet, self._epoch, self._paused)
+            return runtime.snapshot(outlet, self._epoch, self._paused)
 
     def __repr__(self) -> str:
         return (

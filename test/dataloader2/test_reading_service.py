@@ -26,6 +26,7 @@ from pipelines import (
 )
 from torchdata.dataloader2 import DataLoader2
 from torchdata.dataloader2 import MultiProcessingReadingService as UpstreamMPRS
+from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import IterableWrapper
 
 from torchdata_snapshot import MultiProcessingReadingService, ReadingServiceClosedError, WorkerSnapshot
@@ -216,6 +217,23 @@ def test_pause_resume_and_limit(make_dl: Any) -> None:
 def test_num_workers_0_runs_in_process(make_dl: Any) -> None:
     items = run_epochs(make_dl, IterableWrapper(range(6)).map(_pid_tag), rs(0), epochs=1)[0]
     assert items == [(i, os.getpid()) for i in range(6)]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda service: service.initialize_iteration(SeedGenerator(0)),
+        lambda service: service._pause(),
+        lambda service: service._resume(),
+        lambda service: service._limit(3, lambda datapipe, n: datapipe),
+    ],
+    ids=["initialize_iteration", "_pause", "_resume", "_limit"],
+)
+def test_calls_before_initialize_raise_a_reading_service_error_not_an_assertion(call: Any) -> None:
+    """DataLoader2 calls these only after initialize(); a direct caller gets a typed error (an
+    ``assert`` would vanish under ``python -O``)."""
+    with pytest.raises(ReadingServiceError, match="needs a running reading service"):
+        call(MultiProcessingReadingService(2))
 
 
 # --- snapshot(): the RFC -------------------------------------------------------------------------
