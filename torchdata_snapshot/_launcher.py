@@ -25,7 +25,8 @@ from torchdata_snapshot._constants import JOIN_TIMEOUT_S
 from torchdata_snapshot._dispatch import run_dispatcher
 from torchdata_snapshot._errors import WorkerDiedError
 from torchdata_snapshot._options import WorkerOptions
-from torchdata_snapshot._worker import run_worker
+from torchdata_snapshot._stateful import StateFunctionTable
+from torchdata_snapshot._worker import carried_state_functions, run_worker
 
 __all__ = ["ProcessLauncher", "import_what_workers_seed"]
 
@@ -53,6 +54,7 @@ class ProcessLauncher:
         self.dispatcher: Optional[BaseProcess] = None
         self._dispatcher_pid: Optional[int] = None
         self._worker_graph: Any = None  # the replicable branch, wrapped for pickling
+        self._state_functions: StateFunctionTable = {}  # the registered ones its workers need
 
     @property
     def processes(self) -> List[BaseProcess]:
@@ -90,6 +92,8 @@ class ProcessLauncher:
         self, replicable_dp: DataPipe, dispatcher_links: Sequence[Optional[Channel]]
     ) -> List[Channel]:
         """Start every worker on ``replicable_dp``; return their channels, in worker order."""
+        start_method = self.ctx.get_start_method()
+        self._state_functions = carried_state_functions(replicable_dp, self.options, start_method)
         self._worker_graph = attach_wrapper(replicable_dp)
         import_what_workers_seed(self.ctx)
         channels: List[Channel] = []
@@ -115,6 +119,7 @@ class ProcessLauncher:
             self.options,
             dispatcher_link,
             dispatcher_pid,
+            self._state_functions,
         )
         process = self.ctx.Process(
             target=run_worker, args=args, name=f"torchdata_snapshot worker {worker_id}", daemon=True

@@ -90,8 +90,11 @@ __all__ = [
     "ADAPTERS",
     "STATELESS",
     "Resumable",
+    "StateFunctionTable",
     "capture_graph_state",
+    "check_state_functions_pickle",
     "forget_loaded_states",
+    "graph_state_functions",
     "load_datapipe_states",
     "load_graph_state",
     "make_resumable",
@@ -101,6 +104,7 @@ __all__ = [
     "sharding_taken_before",
     "unpack_graph_state",
     "unresumable_datapipe",
+    "use_state_functions",
 ]
 
 _RNG_KEY = "__global_rng__"
@@ -536,7 +540,10 @@ STATELESS = (
     ZipperIterDataPipe,
 )
 
-_STATE_FUNCTIONS: Dict[type, Tuple[Callable[[Any], Any], Callable[[Any, Any], None]]] = {
+#: DataPipe type -> ``(state_dict, load_state_dict)`` functions (see :func:`register_state_functions`).
+StateFunctionTable = Dict[type, Tuple[Callable[[Any], Any], Callable[[Any, Any], None]]]
+
+_STATE_FUNCTIONS: StateFunctionTable = {
     ShardingFilterIterDataPipe: (_sharding_state, _sharding_load),
 }
 
@@ -548,8 +555,42 @@ def register_state_functions(
 
     ``state_dict(dp)`` returns a picklable state at a yield point; ``load_state_dict(dp, state)``
     prepares ``dp`` so that its next iteration continues from that state.
+
+    The registrations of the graph's DataPipe types are sent to the worker processes when they
+    start, also under ``spawn`` and ``forkserver``, whose workers do not run the code that made
+    them (a script's ``main()``). There the functions travel pickled, by reference: they must be
+    defined at module level (a lambda or a nested function is refused with
+    :class:`~torchdata_snapshot.StateCaptureError` when the workers start).
     """
     _STATE_FUNCTIONS[datapipe_type] = (state_dict, load_state_dict)
+
+
+def graph_state_functions(datapipe: DataPipe) -> StateFunctionTable:
+    """The state functions of the graph's DataPipe types, to send to the worker processes that
+    run it (:func:`use_state_functions`)."""
+    kinds = {type(dp) for _, dp in graph_datapipes(datapipe)}
+    return {kind: functions for kind, functions in _STATE_FUNCTIONS.items() if kind in kinds}
+
+
+def check_state_functions_pickle(table: StateFunctionTable, start_method: str) -> None:
+    """Raise :class:`StateCaptureError` naming a DataPipe type whose state function does not
+    pickle: workers started by ``start_method`` could not receive it."""
+    for kind, functions in table.items():
+        for function in functions:
+            try:
+                pickle.dumps(function, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as e:
+                name = f"{kind.__module__}.{kind.__qualname__}"
+                raise StateCaptureError(
+                    f"the state function {function!r} registered for {name} cannot be "
+                    f"sent to worker processes started by {start_method!r} ({type(e).__name__}: {e}): "
+                    "define it at module level, or use multiprocessing_context='fork'"
+                ) from e
+
+
+def use_state_functions(table: StateFunctionTable) -> None:
+    """Register ``table`` in this (worker) process (see :func:`graph_state_functions`)."""
+    _STATE_FUNCTIONS.update(table)
 
 
 def _has_methods(dp: DataPipe) -> bool:

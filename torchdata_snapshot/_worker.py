@@ -67,18 +67,23 @@ from torchdata_snapshot._remaining import load_head_start, set_remaining, shardi
 from torchdata_snapshot._replay import replay
 from torchdata_snapshot._serving import ServingLoop
 from torchdata_snapshot._stateful import (
+    StateFunctionTable,
     capture_graph_state,
+    check_state_functions_pickle,
+    graph_state_functions,
     load_graph_state,
     make_resumable,
     reset_graph_state,
     sharding_taken_before,
     unresumable_datapipe,
+    use_state_functions,
 )
 from torchdata_snapshot._stream import QueuedItem
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
 __all__ = [
     "WorkerLoop",
+    "carried_state_functions",
     "prepare_worker_graph",
     "run_worker",
 ]
@@ -415,11 +420,31 @@ def prepare_worker_graph(
     return datapipe
 
 
+def _captures_states(options: WorkerOptions) -> bool:
+    """Whether the options let a worker capture its graph's state (when the graph allows it)."""
+    return options.restore.stateful is not False
+
+
+def carried_state_functions(
+    datapipe: DataPipe, options: WorkerOptions, start_method: str
+) -> StateFunctionTable:
+    """The registered state functions that the workers of ``datapipe`` need (none when they
+    capture no state), for :func:`run_worker`: a worker started by ``spawn`` or ``forkserver``
+    does not run the code that registered them. Raises :class:`StateCaptureError` naming one
+    that cannot reach such a worker."""
+    if not _captures_states(options):
+        return {}
+    table = graph_state_functions(datapipe)
+    if start_method != "fork":  # forked workers inherit them; the others unpickle them
+        check_state_functions_pickle(table, start_method)
+    return table
+
+
 def _maybe_resumable(datapipe: DataPipe, options: WorkerOptions) -> Tuple[DataPipe, bool]:
     """The graph rewritten for stateful restore when it allows it (and the options do), and
     whether it was."""
     restore = options.restore
-    if restore.stateful is False:
+    if not _captures_states(options):
         return datapipe, False
     if find_dispatched_sources(datapipe):
         if restore.stateful:
@@ -447,9 +472,12 @@ def run_worker(
     options: WorkerOptions,
     dispatcher_link: Optional[Channel] = None,
     dispatcher_pid: Optional[int] = None,
+    state_functions: Optional[StateFunctionTable] = None,
 ) -> None:
-    """Entry point of a worker process."""
+    """Entry point of a worker process; ``state_functions`` are those of
+    :func:`carried_state_functions`."""
     torch.set_num_threads(1)
+    use_state_functions(state_functions or {})
     ignore_job_signals()
     endpoint.parent = ParentWatch(parent_pid)
     if dispatcher_link is not None:

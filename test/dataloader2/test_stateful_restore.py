@@ -3,13 +3,21 @@ as replay, clear errors when it cannot be used."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pipelines import CountingStateful, double, failing_counter, five_milliseconds, pipeline, rs, take
 from torchdata.dataloader2 import DataLoader2
 
-from torchdata_snapshot import StateCaptureError, StateRestoreError
+from torchdata_snapshot import (
+    MultiProcessingReadingService,
+    StateCaptureError,
+    StateRestoreError,
+    register_state_functions,
+)
 
 
 def restore(state: Any, **options: Any) -> DataLoader2:
@@ -128,3 +136,122 @@ def test_a_failing_load_state_dict_is_a_clear_error(make_dl: Any) -> None:
             list(failing)
     finally:
         failing.shutdown()
+
+
+#: A training script as users write theirs: a DataPipe of their own without state methods,
+#: made resumable by ``register_state_functions`` inside ``main()``. Under spawn and forkserver
+#: the workers import the script anew (as ``__mp_main__``) without running ``main()``.
+SCRIPT = '''
+import sys
+import warnings
+
+warnings.simplefilter("ignore")
+from torch.utils.data import IterDataPipe
+from torchdata.dataloader2 import DataLoader2
+
+from {service_module} import MultiProcessingReadingService
+from {registry_module} import register_state_functions
+
+N = 10_000
+
+
+class Numbers(IterDataPipe):
+    """0 .. n - 1, from ``start`` when a state was loaded; no state methods of its own."""
+
+    def __init__(self, n):
+        self.n = n
+        self.start = 0
+        self.position = 0
+
+    def __iter__(self):
+        self.position, self.start = self.start, 0
+        while self.position < self.n:
+            self.position += 1
+            yield self.position - 1
+
+
+def numbers_state(dp):
+    return dict(position=dp.position)
+
+
+def numbers_load(dp, state):
+    dp.start = state["position"]
+
+
+def reading_service(context):
+    return MultiProcessingReadingService(
+        num_workers=2, multiprocessing_context=context, stateful=True, state_interval=64
+    )
+
+
+def main(context, load):
+    register_state_functions(Numbers, numbers_state, load)
+    dl = DataLoader2(Numbers(N).sharding_filter(), reading_service=reading_service(context))
+    dl.seed(0)
+    it = iter(dl)
+    head = [next(it) for _ in range(3_000)]
+    state = dl.state_dict()
+    dl.shutdown()
+    assert all(w["state"] for w in state["reading_service_state"]["workers"]), "no state captured"
+    again = DataLoader2.from_state(state, reading_service(context))
+    try:
+        it = iter(again)
+        rest = [next(it)]
+        snapshots = [s for s in again.reading_service.snapshot() if s.role == "worker"]
+        assert all(s.stateful for s in snapshots), snapshots
+        # Each worker had handed out 1_500 items, Numbers' 3_000 elements through the sharding
+        # filter: loaded from a state, Numbers started again near element 3_000, not at 0.
+        yields = [n for s in snapshots for key, n in s.datapipe_yields.items() if "Numbers" in key]
+        assert len(yields) == 2 and max(yields) < 2_000, yields
+        rest.extend(it)
+    finally:
+        again.shutdown()
+    assert head + rest == list(range(N)), "the resumed epoch is not the uninterrupted one"
+    print("resumed exactly")
+
+
+if __name__ == "__main__":
+    context, how = sys.argv[1], sys.argv[2]
+    main(context, numbers_load if how == "module_level" else lambda dp, state: numbers_load(dp, state))
+'''
+
+
+#: How long a script may take (spawned workers import torch, twice).
+SCRIPT_LIMIT_S = 240
+
+
+def run_script(tmp_path: Path, context: str, how: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "train.py"
+    modules = {
+        "service_module": MultiProcessingReadingService.__module__,
+        "registry_module": register_state_functions.__module__,
+    }
+    script.write_text(SCRIPT.format(**modules))
+    return subprocess.run(
+        [sys.executable, str(script), context, how], capture_output=True, text=True, timeout=SCRIPT_LIMIT_S
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_state_functions_registered_in_main_reach_the_workers(tmp_path: Path, context: str) -> None:
+    done = run_script(tmp_path, context, "module_level")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "resumed exactly"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_state_functions_that_cannot_reach_the_workers_are_refused_naming_them(
+    tmp_path: Path, context: str
+) -> None:
+    done = run_script(tmp_path, context, "lambda")
+    assert done.returncode == 1
+    assert "StateCaptureError" in done.stderr and "__main__.Numbers" in done.stderr, done.stderr
+    assert "<lambda>" in done.stderr and "module level" in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_under_fork_state_functions_need_not_pickle(tmp_path: Path) -> None:
+    done = run_script(tmp_path, "fork", "lambda")  # the workers inherit them
+    assert done.returncode == 0, done.stderr

@@ -10,12 +10,13 @@ from torchdata.dataloader2.utils import WorkerInfo
 from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
 
 from torchdata_snapshot import _messages as m
+from torchdata_snapshot import register_state_functions
 from torchdata_snapshot._channel import ItemDecoder, make_pipe_pair
 from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot._errors import ProtocolError, ReplayDivergenceError, StateCaptureError
 from torchdata_snapshot._options import BatchingOptions, RestoreOptions, WorkerOptions
 from torchdata_snapshot._stream import items_message
-from torchdata_snapshot._worker import WorkerLoop
+from torchdata_snapshot._worker import WorkerLoop, carried_state_functions
 
 
 def serve(
@@ -526,3 +527,38 @@ def test_captures_are_paced_by_production_time_not_by_waits_for_credit(
     # second of waiting per item, it would be after every item).
     assert positions[:4] == [1, 2, 52, 102]
     assert all(b - a == 50 for a, b in zip(positions[1:], positions[2:])), positions
+
+
+class Registered(IterDataPipe):
+    """A DataPipe without state methods, made resumable by registered state functions."""
+
+    def __iter__(self) -> Any:
+        yield from range(3)
+
+
+class RegisteredElsewhere(Registered):
+    pass
+
+
+def registered_state(dp: Registered) -> dict:
+    return {}
+
+
+def registered_load(dp: Registered, state: dict) -> None:
+    pass
+
+
+def test_workers_are_sent_the_registered_state_functions_of_their_graph() -> None:
+    register_state_functions(Registered, registered_state, registered_load)
+    register_state_functions(RegisteredElsewhere, lambda dp: {}, lambda dp, state: None)
+    graph = Registered().map(str)
+    for start_method in ("fork", "spawn", "forkserver"):
+        carried = carried_state_functions(graph, WorkerOptions(), start_method)
+        assert carried == {Registered: (registered_state, registered_load)}, "only the graph's"
+    replaying = WorkerOptions(restore=RestoreOptions(stateful=False))
+    assert carried_state_functions(graph, replaying, "spawn") == {}, "workers that capture nothing"
+    assert carried_state_functions(RegisteredElsewhere(), WorkerOptions(), "fork"), "fork does not pickle"
+    with pytest.raises(
+        StateCaptureError, match=r"<lambda>.* registered for .*RegisteredElsewhere .*module level"
+    ):
+        carried_state_functions(RegisteredElsewhere(), WorkerOptions(), "spawn")
