@@ -25,7 +25,7 @@ from torchdata_snapshot._constants import JOIN_TIMEOUT_S
 from torchdata_snapshot._dispatch import run_dispatcher
 from torchdata_snapshot._errors import WorkerDiedError
 from torchdata_snapshot._options import WorkerOptions
-from torchdata_snapshot._stateful import StateFunctionTable
+from torchdata_snapshot._stateful import StateFunctions
 from torchdata_snapshot._worker import carried_state_functions, run_worker
 
 __all__ = ["ProcessLauncher", "import_what_workers_seed"]
@@ -54,7 +54,7 @@ class ProcessLauncher:
         self.dispatcher: Optional[BaseProcess] = None
         self._dispatcher_pid: Optional[int] = None
         self._worker_graph: Any = None  # the replicable branch, wrapped for pickling
-        self._state_functions: StateFunctionTable = {}  # the registered ones its workers need
+        self._state_functions: Tuple[StateFunctions, ...] = ()  # the registered ones its workers need
 
     @property
     def processes(self) -> List[BaseProcess]:

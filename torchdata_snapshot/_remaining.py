@@ -4,7 +4,7 @@ The elements of an epoch are those entering the graph's sharding point (its one
 ``sharding_filter``), in their pre-sharding order ``j = 0, 1, ...``; instance ``i`` of ``n``
 (``i = rank * num_workers + worker_id`` under ``DistributedReadingService``) takes those with
 ``j % n == i``. Each worker counts, for every item it yields, how many elements its sharding
-filter had taken (``sharding_taken``); a checkpoint keeps that count at the user's position.
+filter had taken (``ShardingShifts.taken``); a checkpoint keeps that count at the user's position.
 
 An epoch resumed with another configuration runs again from its seeds with ``Remaining`` right
 below the sharding filter: it drops the elements the user had received, and the sharding filter
@@ -25,7 +25,7 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, Shardi
 from torchdata.dataloader2.graph import DataPipe, find_dps, list_dps, traverse_dps
 
 from torchdata_snapshot._graph import graph_datapipes
-from torchdata_snapshot._stateful import Resumable, load_datapipe_states, unpack_graph_state
+from torchdata_snapshot._stateful import GraphState, Resumable, unpack_graph_state
 
 __all__ = [
     "ElasticEpoch",
@@ -139,11 +139,14 @@ def _first_remaining_bound(level: Level) -> int:
     return min(t * level.instances + w for w, t in enumerate(level.taken))
 
 
-def load_head_start(datapipe: DataPipe, sf: ShardingFilterIterDataPipe, epoch: ElasticEpoch) -> int:
+def load_head_start(
+    datapipe: DataPipe, sf: ShardingFilterIterDataPipe, epoch: ElasticEpoch, graph_state: GraphState
+) -> int:
     """Load into the pre-sharding part of ``datapipe`` (whose sharding filter ``sf`` has its
-    :class:`Remaining` in place) the latest of ``epoch.head_states`` that lies before the first
-    remaining element, and start the :class:`Remaining` there: no element before it is dealt
-    again. Returns that pre-sharding index (0: none fits)."""
+    :class:`Remaining` in place; ``graph_state`` is that of the worker's graph) the latest of
+    ``epoch.head_states`` that lies before the first remaining element, and start the
+    :class:`Remaining` there: no element before it is dealt again. Returns that pre-sharding
+    index (0: none fits)."""
     *old_levels, last = epoch.levels
     bound = _first_remaining_bound(last)
     remaining = sf.source_datapipe
@@ -170,6 +173,6 @@ def load_head_start(datapipe: DataPipe, sf: ShardingFilterIterDataPipe, epoch: E
     if best is None or best[0] == 0:
         return 0
     index, states = best
-    load_datapipe_states([(old_keys[id(dp)], dp) for dp in pre_sharding], states)
+    graph_state.load_datapipe_states([(old_keys[id(dp)], dp) for dp in pre_sharding], states)
     remaining.load_state_dict({"index": index})
     return index

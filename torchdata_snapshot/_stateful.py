@@ -33,19 +33,22 @@ A captured state describes the iterations in progress at that moment, and only D
 started an iteration in the current epoch (or in the current pass of an enclosing ``cycle()``)
 are captured. Once the run moves past those iterations (a new epoch, a new pass of ``cycle()``)
 whatever was loaded into the DataPipes below is forgotten, so that they start afresh
-(``forget_loaded_states``).
+(``GraphState.forget``).
+
+Each worker keeps this bookkeeping in the ``GraphState`` of its graph, created with the
+registered state functions the main process sent it: a worker started by ``spawn`` or
+``forkserver`` does not run the code that registered them.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import pickle
 import random
 import warnings
-import weakref
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
@@ -89,22 +92,15 @@ from torchdata_snapshot._rng_memory import packed_random_state
 __all__ = [
     "ADAPTERS",
     "STATELESS",
+    "GraphState",
     "Resumable",
-    "StateFunctionTable",
-    "capture_graph_state",
+    "ShardingShifts",
+    "StateFunctions",
     "check_state_functions_pickle",
-    "forget_loaded_states",
     "graph_state_functions",
-    "load_datapipe_states",
-    "load_graph_state",
-    "make_resumable",
     "register_state_functions",
-    "reset_graph_state",
-    "sharding_taken",
-    "sharding_taken_before",
+    "registered_state_functions",
     "unpack_graph_state",
-    "unresumable_datapipe",
-    "use_state_functions",
 ]
 
 _RNG_KEY = "__global_rng__"
@@ -141,6 +137,10 @@ class Resumable(IterDataPipe):
     def _take_pending(self) -> Optional[Dict[str, Any]]:
         state, self._pending = self._pending, None
         return state
+
+    def discard_loaded_state(self) -> None:
+        """The next iteration starts afresh, not from a state loaded and not used yet."""
+        self._pending = None
 
     def state_dict(self) -> Dict[str, Any]:
         raise NotImplementedError
@@ -333,8 +333,8 @@ class ResumableCycler(Resumable):
     """``Cycler``: its state is the cycle in progress (the source holds its own position).
 
     A loaded state belongs to the pass in progress when it was captured: every later pass
-    iterates the source afresh, so the states loaded into the source's subgraph are forgotten
-    before it starts (see :func:`forget_loaded_states`).
+    iterates the source afresh, so ``on_new_pass`` forgets the states loaded into the source's
+    subgraph before it starts (:meth:`GraphState.make_resumable` sets it).
     """
 
     STATE = {"cycle": int}
@@ -343,6 +343,9 @@ class ResumableCycler(Resumable):
         self.source_datapipe = source_datapipe
         self.count = count
         self._cycle = 0
+        # A function, neither a DataPipe nor a collection: graph traversal (which pickles
+        # DataPipes) does not take the DataPipes it refers to for sources.
+        self.on_new_pass: Callable[[], None] = _nothing_loaded
 
     def __iter__(self) -> Iterator[Any]:
         state = self._take_pending()
@@ -350,25 +353,17 @@ class ResumableCycler(Resumable):
         first_pass = True
         while self.count is None or self._cycle < self.count:
             if not first_pass:
-                forget_loaded_states(self._source_subgraph())
+                self.on_new_pass()
             first_pass = False
             yield from self.source_datapipe
             self._cycle += 1
-
-    def _source_subgraph(self) -> List[DataPipe]:
-        # Kept outside the instance, so that graph traversal (which pickles DataPipes) does not
-        # take the cached DataPipes for parents; the adapted graph does not change afterwards.
-        subgraph = _SUBGRAPHS.get(self)
-        if subgraph is None:
-            subgraph = _SUBGRAPHS[self] = [dp for _, dp in graph_datapipes(self.source_datapipe)]
-        return subgraph
 
     def state_dict(self) -> Dict[str, Any]:
         return {"cycle": self._cycle}
 
 
-#: ``ResumableCycler`` -> the DataPipes of its source's subgraph (looked up once).
-_SUBGRAPHS: weakref.WeakKeyDictionary[ResumableCycler, List[DataPipe]] = weakref.WeakKeyDictionary()
+def _nothing_loaded() -> None:
+    """``ResumableCycler.on_new_pass`` outside a :class:`GraphState`: no state was loaded."""
 
 
 class ResumableConcater(Resumable):
@@ -466,48 +461,56 @@ class ResumableFileLister(Resumable):
         return {"root": self._root, "yielded": self._yielded}
 
 
-#: Upstream ``ShardingFilter`` -> ``(instance_id to restore at the next epoch, items it yielded
-#: before the current iteration started)`` while a resumed epoch runs with a shifted id.
-_SHIFTED: weakref.WeakKeyDictionary[ShardingFilterIterDataPipe, Tuple[int, int]] = weakref.WeakKeyDictionary()
+class ShardingShifts:
+    """The state functions of upstream's ``ShardingFilter``, which stays in a resumable graph
+    (``DataLoader2`` finds it by its exact type when seeding), for the filters of one graph.
 
-
-def sharding_taken(sf: ShardingFilterIterDataPipe) -> int:
-    """How many items the filter yielded this epoch (torch's iterator hook counts them), also
-    across a resume from a loaded state."""
-    return sharding_taken_before(sf) + samples_yielded(sf)
-
-
-def sharding_taken_before(sf: ShardingFilterIterDataPipe) -> int:
-    """How many items the filter yielded this epoch before its current iteration started (those
-    of a loaded state): :func:`sharding_taken` minus what torch's hook counts."""
-    shifted = _SHIFTED.get(sf)
-    return shifted[1] if shifted is not None else 0
-
-
-def _sharding_state(sf: ShardingFilterIterDataPipe) -> Dict[str, Any]:
-    return {"yielded": sharding_taken(sf)}
-
-
-def _sharding_load(sf: ShardingFilterIterDataPipe, state: Dict[str, Any]) -> None:
-    """Resume the filter over a source resumed where it stood.
-
-    Suspended right after its ``j``-th item, the filter had taken ``i + 1`` items from its source,
-    where ``i = instance_id + (j - 1) * num_of_instances`` is the index of that item. A fresh
-    enumeration over the resumed source must therefore pick the indices ``k`` with
-    ``(k + i + 1) % n == instance_id``, i.e. ``k % n == n - 1``.
+    A filter's state is how many items it yielded this epoch. Resumed from one, it runs with a
+    shifted ``instance_id`` until the next fresh iteration (:meth:`reset`), and counts the items
+    it yielded before the current iteration started (:meth:`taken_before`).
     """
-    yielded = _expect(state, "ShardingFilter", yielded=int)["yielded"]
-    original = _SHIFTED[sf][0] if sf in _SHIFTED else sf.instance_id
-    _SHIFTED[sf] = (original, yielded)
-    if yielded:
-        consumed = original + (yielded - 1) * sf.num_of_instances + 1
-        sf.instance_id = (original - consumed) % sf.num_of_instances
 
+    def __init__(self) -> None:
+        #: ``id(sf)`` -> ``(sf, its instance_id before a loaded state shifted it, the items it
+        #: yielded before the current iteration started)``, while a resumed epoch runs. The entry
+        #: holds ``sf``: its id cannot be reused meanwhile (DataPipes need not be hashable).
+        self._shifted: Dict[int, Tuple[ShardingFilterIterDataPipe, int, int]] = {}
 
-def _sharding_reset(sf: ShardingFilterIterDataPipe) -> None:
-    """Back to the original ``instance_id``, for an iteration that starts afresh."""
-    if sf in _SHIFTED:
-        sf.instance_id = _SHIFTED.pop(sf)[0]
+    def taken(self, sf: ShardingFilterIterDataPipe) -> int:
+        """How many items the filter yielded this epoch (torch's iterator hook counts them), also
+        across a resume from a loaded state."""
+        return self.taken_before(sf) + samples_yielded(sf)
+
+    def taken_before(self, sf: ShardingFilterIterDataPipe) -> int:
+        """How many items the filter yielded this epoch before its current iteration started (those
+        of a loaded state): :meth:`taken` minus what torch's hook counts."""
+        shifted = self._shifted.get(id(sf))
+        return shifted[2] if shifted is not None else 0
+
+    def state_dict(self, sf: ShardingFilterIterDataPipe) -> Dict[str, Any]:
+        return {"yielded": self.taken(sf)}
+
+    def load_state_dict(self, sf: ShardingFilterIterDataPipe, state: Dict[str, Any]) -> None:
+        """Resume the filter over a source resumed where it stood.
+
+        Suspended right after its ``j``-th item, the filter had taken ``i + 1`` items from its
+        source, where ``i = instance_id + (j - 1) * num_of_instances`` is the index of that item. A
+        fresh enumeration over the resumed source must therefore pick the indices ``k`` with
+        ``(k + i + 1) % n == instance_id``, i.e. ``k % n == n - 1``.
+        """
+        yielded = _expect(state, "ShardingFilter", yielded=int)["yielded"]
+        shifted = self._shifted.get(id(sf))
+        original = shifted[1] if shifted is not None else sf.instance_id
+        self._shifted[id(sf)] = (sf, original, yielded)
+        if yielded:
+            consumed = original + (yielded - 1) * sf.num_of_instances + 1
+            sf.instance_id = (original - consumed) % sf.num_of_instances
+
+    def reset(self, sf: ShardingFilterIterDataPipe) -> None:
+        """Back to the original ``instance_id``, for an iteration that starts afresh."""
+        shifted = self._shifted.pop(id(sf), None)
+        if shifted is not None:
+            sf.instance_id = shifted[1]
 
 
 def _adapt_iterable_wrapper(dp: IterableWrapperIterDataPipe) -> Optional[IterDataPipe]:
@@ -540,12 +543,20 @@ STATELESS = (
     ZipperIterDataPipe,
 )
 
-#: DataPipe type -> ``(state_dict, load_state_dict)`` functions (see :func:`register_state_functions`).
-StateFunctionTable = Dict[type, Tuple[Callable[[Any], Any], Callable[[Any, Any], None]]]
+#: The class attribute in which :func:`register_state_functions` records the functions: a
+#: :class:`StateFunctions` naming the class it was made for, so that a subclass, which inherits
+#: the attribute, is not taken as registered.
+_REGISTERED = "_torchdata_snapshot_state_functions"
 
-_STATE_FUNCTIONS: StateFunctionTable = {
-    ShardingFilterIterDataPipe: (_sharding_state, _sharding_load),
-}
+
+@dataclass(frozen=True)
+class StateFunctions:
+    """The functions :func:`register_state_functions` recorded for DataPipes of exactly
+    ``datapipe_type``."""
+
+    datapipe_type: type
+    state_dict: Callable[[Any], Any]
+    load_state_dict: Callable[[Any, Any], None]
 
 
 def register_state_functions(
@@ -562,110 +573,199 @@ def register_state_functions(
     defined at module level (a lambda or a nested function is refused with
     :class:`~torchdata_snapshot.StateCaptureError` when the workers start).
     """
-    _STATE_FUNCTIONS[datapipe_type] = (state_dict, load_state_dict)
+    setattr(datapipe_type, _REGISTERED, StateFunctions(datapipe_type, state_dict, load_state_dict))
 
 
-def graph_state_functions(datapipe: DataPipe) -> StateFunctionTable:
-    """The state functions of the graph's DataPipe types, to send to the worker processes that
-    run it (:func:`use_state_functions`)."""
-    kinds = {type(dp) for _, dp in graph_datapipes(datapipe)}
-    return {kind: functions for kind, functions in _STATE_FUNCTIONS.items() if kind in kinds}
+def registered_state_functions(datapipe_type: type) -> Optional[StateFunctions]:
+    """What :func:`register_state_functions` recorded in this process for exactly ``datapipe_type``."""
+    found = getattr(datapipe_type, _REGISTERED, None)
+    return found if isinstance(found, StateFunctions) and found.datapipe_type is datapipe_type else None
 
 
-def check_state_functions_pickle(table: StateFunctionTable, start_method: str) -> None:
+def graph_state_functions(datapipe: DataPipe) -> Tuple[StateFunctions, ...]:
+    """The registered state functions of the graph's DataPipe types, for the worker processes
+    that run it (their :class:`GraphState`)."""
+    kinds = dict.fromkeys(type(dp) for _, dp in graph_datapipes(datapipe))
+    found = (registered_state_functions(kind) for kind in kinds)
+    return tuple(functions for functions in found if functions is not None)
+
+
+def check_state_functions_pickle(carried: Sequence[StateFunctions], start_method: str) -> None:
     """Raise :class:`StateCaptureError` naming a DataPipe type whose state function does not
     pickle: workers started by ``start_method`` could not receive it."""
-    for kind, functions in table.items():
-        for function in functions:
+    for functions in carried:
+        for function in (functions.state_dict, functions.load_state_dict):
             try:
                 pickle.dumps(function, protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as e:
-                name = f"{kind.__module__}.{kind.__qualname__}"
+                kind = functions.datapipe_type
                 raise StateCaptureError(
-                    f"the state function {function!r} registered for {name} cannot be "
-                    f"sent to worker processes started by {start_method!r} ({type(e).__name__}: {e}): "
-                    "define it at module level, or use multiprocessing_context='fork'"
+                    f"the state function {function!r} registered for {kind.__module__}.{kind.__qualname__} "
+                    f"cannot be sent to worker processes started by {start_method!r} "
+                    f"({type(e).__name__}: {e}): define it at module level, or use "
+                    "multiprocessing_context='fork'"
                 ) from e
-
-
-def use_state_functions(table: StateFunctionTable) -> None:
-    """Register ``table`` in this (worker) process (see :func:`graph_state_functions`)."""
-    _STATE_FUNCTIONS.update(table)
 
 
 def _has_methods(dp: DataPipe) -> bool:
     return callable(getattr(dp, "state_dict", None)) and callable(getattr(dp, "load_state_dict", None))
 
 
-def unresumable_datapipe(datapipe: DataPipe) -> Optional[str]:
-    """``None`` if the graph can resume from captured states, else the first DataPipe that cannot."""
-    for _, dp in graph_datapipes(datapipe):
+#: How a DataPipe's state is taken and loaded: ``(state_dict(dp), load_state_dict(dp, state))``.
+_Functions = Tuple[Callable[[Any], Any], Callable[[Any, Any], None]]
+
+
+class GraphState:
+    """The states of one worker's graph: how each DataPipe's state is taken and loaded, and which
+    states were forgotten (see :meth:`forget`).
+
+    The worker creates it with the registered state functions it was sent (``carried``, see
+    :func:`graph_state_functions`); a type it was not sent uses what was registered in the
+    worker's own process. Upstream's ``ShardingFilter`` has built-in ones (:class:`ShardingShifts`).
+    """
+
+    def __init__(self, carried: Sequence[StateFunctions] = ()) -> None:
+        self._carried = {functions.datapipe_type: functions for functions in carried}
+        self.sharding = ShardingShifts()
+        #: ``id(dp)`` -> ``(dp, dp's iterator id when its states were last forgotten)``. Torch
+        #: numbers a DataPipe's iterators as they start (``_valid_iterator_id``), so a DataPipe
+        #: whose number has not moved since has not started again: its state is not captured.
+        #: The entry holds ``dp``: its id cannot be reused meanwhile (DataPipes need not be
+        #: hashable). Rebuilt at each epoch's :meth:`reset`.
+        self._forgotten: Dict[int, Tuple[DataPipe, Optional[int]]] = {}
+
+    def _functions(self, dp: DataPipe) -> Optional[_Functions]:
         kind = type(dp)
-        if (
-            kind in STATELESS
-            or kind is ShardingFilterIterDataPipe
-            or kind in _STATE_FUNCTIONS
-            or _has_methods(dp)
-        ):
-            continue
-        adapter = ADAPTERS.get(kind)
-        if adapter is None or adapter(dp) is None:
-            return describe_datapipe(dp)
-    return None
+        registered = self._carried.get(kind) or registered_state_functions(kind)
+        if registered is not None:
+            return registered.state_dict, registered.load_state_dict
+        if kind is ShardingFilterIterDataPipe:
+            return self.sharding.state_dict, self.sharding.load_state_dict
+        return None
 
+    # --- the graph rewrite ------------------------------------------------------------------------
 
-def make_resumable(datapipe: DataPipe) -> DataPipe:
-    """Rewrite a resumable graph (see :func:`unresumable_datapipe`): replace upstream DataPipes by
-    their equivalents. ``ShardingFilter`` stays: ``DataLoader2`` finds it by its exact type."""
-    graph = traverse_dps(datapipe)
-    for _, dp in graph_datapipes(datapipe):
-        adapter = ADAPTERS.get(type(dp))
-        if adapter is not None and not _has_methods(dp):
-            replacement = adapter(dp)
-            if replacement is not None:
-                graph = replace_dp(graph, dp, replacement)
-    return next(iter(graph.values()))[0]
+    def unresumable(self, datapipe: DataPipe) -> Optional[str]:
+        """``None`` if the graph can resume from captured states, else the first DataPipe that cannot."""
+        for _, dp in graph_datapipes(datapipe):
+            if type(dp) in STATELESS or self._functions(dp) is not None or _has_methods(dp):
+                continue
+            adapter = ADAPTERS.get(type(dp))
+            if adapter is None or adapter(dp) is None:
+                return describe_datapipe(dp)
+        return None
 
+    def make_resumable(self, datapipe: DataPipe) -> DataPipe:
+        """Rewrite a resumable graph (see :meth:`unresumable`): replace upstream DataPipes by
+        their equivalents. ``ShardingFilter`` stays: ``DataLoader2`` finds it by its exact type."""
+        graph = traverse_dps(datapipe)
+        for _, dp in graph_datapipes(datapipe):
+            adapter = ADAPTERS.get(type(dp))
+            if adapter is not None and not _has_methods(dp):
+                replacement = adapter(dp)
+                if replacement is not None:
+                    graph = replace_dp(graph, dp, replacement)
+        resumable = next(iter(graph.values()))[0]
+        for _, dp in graph_datapipes(resumable):
+            if isinstance(dp, ResumableCycler):
+                dp.on_new_pass = self._forgetting_source_of(dp)
+        return resumable
 
-def capture_graph_state(graph: List[Tuple[str, DataPipe]]) -> bytes:
-    """The state of every stateful DataPipe of ``graph`` (and the global RNGs), pickled.
+    def _forgetting_source_of(self, cycler: ResumableCycler) -> Callable[[], None]:
+        """What ``cycler`` does before each pass after the first: forget the states of its
+        source's subgraph (looked up at the first such pass)."""
+        subgraph: List[DataPipe] = []
 
-    Raises :class:`StateCaptureError` naming the DataPipe whose state fails or does not pickle.
-    """
-    states: Dict[str, Any] = {_RNG_KEY: packed_global_rng_state()}
-    for key, dp in graph:
-        if not _started_since_forgotten(dp):
-            continue  # not started in this epoch (or pass): it will start afresh after a restore too
-        functions = _STATE_FUNCTIONS.get(type(dp))
+        def forget_source() -> None:
+            if not subgraph:
+                subgraph.extend(dp for _, dp in graph_datapipes(cycler.source_datapipe))
+            self.forget(subgraph)
+
+        return forget_source
+
+    # --- capture and load -------------------------------------------------------------------------
+
+    def capture(self, graph: List[Tuple[str, DataPipe]]) -> bytes:
+        """The state of every stateful DataPipe of ``graph`` (and the global RNGs), pickled.
+
+        Raises :class:`StateCaptureError` naming the DataPipe whose state fails or does not pickle.
+        """
+        states: Dict[str, Any] = {_RNG_KEY: packed_global_rng_state()}
+        for key, dp in graph:
+            if not self._started_since_forgotten(dp):
+                continue  # not started in this epoch (or pass): it will start afresh after a restore too
+            functions = self._functions(dp)
+            try:
+                if functions is not None:
+                    states[key] = functions[0](dp)
+                elif _has_methods(dp):
+                    states[key] = dp.state_dict()
+            except Exception as e:
+                raise StateCaptureError(
+                    f"state_dict() of DataPipe {key} ({describe_datapipe(dp)}) raised {type(e).__name__}: {e}"
+                ) from e
         try:
-            if functions is not None:
-                states[key] = functions[0](dp)
-            elif _has_methods(dp):
-                states[key] = dp.state_dict()
+            return pickle.dumps(states, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:
-            raise StateCaptureError(
-                f"state_dict() of DataPipe {key} ({describe_datapipe(dp)}) raised {type(e).__name__}: {e}"
-            ) from e
-    try:
-        return pickle.dumps(states, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as e:
-        datapipe_state_dicts(graph)  # names the DataPipe and attribute that do not pickle
-        raise StateCaptureError(f"the graph's state cannot be pickled: {type(e).__name__}: {e}") from e
+            datapipe_state_dicts(graph)  # names the DataPipe and attribute that do not pickle
+            raise StateCaptureError(f"the graph's state cannot be pickled: {type(e).__name__}: {e}") from e
 
+    def load(self, graph: List[Tuple[str, DataPipe]], blob: bytes) -> None:
+        """Load a :meth:`capture` blob into ``graph`` (same structure) before iterating.
 
-def load_graph_state(graph: List[Tuple[str, DataPipe]], blob: bytes) -> None:
-    """Load a :func:`capture_graph_state` blob into ``graph`` (same structure) before iterating.
+        Raises :class:`StateRestoreError` naming the DataPipe whose ``load_state_dict`` fails, or
+        saying that the blob is not such a state (a damaged checkpoint).
+        """
+        states = unpack_graph_state(blob)
+        self.load_datapipe_states(graph, states)
+        set_global_rng_state(states[_RNG_KEY])
 
-    Raises :class:`StateRestoreError` naming the DataPipe whose ``load_state_dict`` fails, or
-    saying that the blob is not such a state (a damaged checkpoint).
-    """
-    states = unpack_graph_state(blob)
-    load_datapipe_states(graph, states)
-    set_global_rng_state(states[_RNG_KEY])
+    def load_datapipe_states(self, graph: List[Tuple[str, DataPipe]], states: Dict[str, Any]) -> None:
+        """Load ``states[key]`` into each DataPipe of ``graph`` that has one (the global RNGs are
+        left alone); raises :class:`StateRestoreError` naming a DataPipe whose load fails."""
+        for key, dp in graph:
+            if key not in states:
+                continue
+            functions = self._functions(dp)
+            try:
+                if functions is not None:
+                    functions[1](dp, states[key])
+                else:
+                    dp.load_state_dict(states[key])
+            except Exception as e:
+                what = f"load_state_dict() of DataPipe {key} ({describe_datapipe(dp)})"
+                raise StateRestoreError(f"{what} raised {type(e).__name__}: {e}") from e
+
+    # --- forgetting -------------------------------------------------------------------------------
+
+    def forget(self, datapipes: Iterable[DataPipe]) -> None:
+        """The next iteration of each of ``datapipes`` starts afresh, not from a loaded state.
+
+        A state captured after an item describes the iterations in progress at that moment; once
+        the run moves past them (a new epoch, a new pass of ``cycle()`` over the subgraph), a state
+        loaded but not consumed yet (a source of ``zip`` that was never advanced again) or already
+        applied (a sharding filter's shifted ``instance_id``) must not carry into the next
+        iteration, and DataPipes that have not started again are no longer captured.
+        """
+        for dp in datapipes:
+            self._forgotten[id(dp)] = (dp, iterator_id(dp))
+            if isinstance(dp, Resumable):
+                dp.discard_loaded_state()
+            if type(dp) is ShardingFilterIterDataPipe:
+                self.sharding.reset(dp)
+
+    def reset(self, graph: List[Tuple[str, DataPipe]]) -> None:
+        """A new epoch: every DataPipe of the graph starts afresh (see :meth:`forget`)."""
+        self._forgotten = {}
+        self.forget(dp for _, dp in graph)
+
+    def _started_since_forgotten(self, dp: DataPipe) -> bool:
+        forgotten = self._forgotten.get(id(dp))
+        return forgotten is None or iterator_id(dp) != forgotten[1]
 
 
 def unpack_graph_state(blob: bytes) -> Dict[str, Any]:
-    """A :func:`capture_graph_state` blob as ``{key: state}`` (the global RNGs' checked and
+    """A :meth:`GraphState.capture` blob as ``{key: state}`` (the global RNGs' checked and
     unpacked), or :class:`StateRestoreError` saying that it is not such a state."""
     try:
         states = pickle.loads(blob)
@@ -676,59 +776,3 @@ def unpack_graph_state(blob: bytes) -> Dict[str, Any]:
     except Exception as e:
         raise StateRestoreError(f"the worker's graph state cannot be loaded: {type(e).__name__}: {e}") from e
     return states
-
-
-def load_datapipe_states(graph: List[Tuple[str, DataPipe]], states: Dict[str, Any]) -> None:
-    """Load ``states[key]`` into each DataPipe of ``graph`` that has one (the global RNGs are
-    left alone); raises :class:`StateRestoreError` naming a DataPipe whose load fails."""
-    for key, dp in graph:
-        if key not in states:
-            continue
-        functions = _STATE_FUNCTIONS.get(type(dp))
-        try:
-            if functions is not None:
-                functions[1](dp, states[key])
-            else:
-                dp.load_state_dict(states[key])
-        except Exception as e:
-            what = f"load_state_dict() of DataPipe {key} ({describe_datapipe(dp)})"
-            raise StateRestoreError(f"{what} raised {type(e).__name__}: {e}") from e
-
-
-def forget_loaded_states(datapipes: Iterable[DataPipe]) -> None:
-    """The next iteration of each of ``datapipes`` starts afresh, not from a loaded state.
-
-    A state captured after an item describes the iterations in progress at that moment; once
-    the run moves past them (a new epoch, a new pass of ``cycle()`` over the subgraph), a state
-    loaded but not consumed yet (a source of ``zip`` that was never advanced again) or already
-    applied (a sharding filter's shifted ``instance_id``) must not carry into the next
-    iteration, and DataPipes that have not started again are no longer captured.
-    """
-    for dp in datapipes:
-        key = id(dp)
-        _FORGOTTEN[key] = (weakref.ref(dp, functools.partial(_forget_entry, key)), iterator_id(dp))
-        if isinstance(dp, Resumable):
-            dp._pending = None
-        if type(dp) is ShardingFilterIterDataPipe:
-            _sharding_reset(dp)
-
-
-#: ``id(dp)`` -> ``(weakref to dp, dp's iterator id when its states were last forgotten)``. Torch
-#: numbers a DataPipe's iterators as they start (``_valid_iterator_id``), so a DataPipe whose
-#: number has not moved since has not started again: its state is not captured. Keyed by id, as
-#: DataPipes need not be hashable.
-_FORGOTTEN: Dict[int, Tuple[Any, Optional[int]]] = {}
-
-
-def _forget_entry(key: int, _: Any) -> None:
-    _FORGOTTEN.pop(key, None)
-
-
-def _started_since_forgotten(dp: DataPipe) -> bool:
-    entry = _FORGOTTEN.get(id(dp))
-    return entry is None or entry[0]() is not dp or iterator_id(dp) != entry[1]
-
-
-def reset_graph_state(graph: List[Tuple[str, DataPipe]]) -> None:
-    """A new epoch: every DataPipe of the graph starts afresh (see :func:`forget_loaded_states`)."""
-    forget_loaded_states(dp for _, dp in graph)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
@@ -67,16 +67,10 @@ from torchdata_snapshot._remaining import load_head_start, set_remaining, shardi
 from torchdata_snapshot._replay import replay
 from torchdata_snapshot._serving import ServingLoop
 from torchdata_snapshot._stateful import (
-    StateFunctionTable,
-    capture_graph_state,
+    GraphState,
+    StateFunctions,
     check_state_functions_pickle,
     graph_state_functions,
-    load_graph_state,
-    make_resumable,
-    reset_graph_state,
-    sharding_taken_before,
-    unresumable_datapipe,
-    use_state_functions,
 )
 from torchdata_snapshot._stream import QueuedItem
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
@@ -105,6 +99,7 @@ class WorkerLoop(ServingLoop):
         options: WorkerOptions = WorkerOptions(),
         distributed_shared_seed: bool = False,
         init_error: Optional[ExceptionWrapper] = None,
+        state_functions: Sequence[StateFunctions] = (),
     ) -> None:
         self.datapipe = datapipe
         self.endpoint = endpoint
@@ -127,10 +122,11 @@ class WorkerLoop(ServingLoop):
         # Stateful restore (see torchdata_snapshot._stateful): capture the graph's state from time
         # to time when every DataPipe of the graph can resume from a state.
         self.stateful = False
+        self.graph_state = GraphState(state_functions)
         self.pacer = CapturePacer(options.restore.state_interval, time.perf_counter)
         if self.init_error is None:
             try:
-                self.datapipe, self.stateful = _maybe_resumable(datapipe, options)
+                self.datapipe, self.stateful = _maybe_resumable(datapipe, options, self.graph_state)
             except StateCaptureError:
                 where = f"in {self.name} while preparing stateful restore"
                 self.init_error = ExceptionWrapper(where=where)
@@ -140,7 +136,7 @@ class WorkerLoop(ServingLoop):
         # The sharding point whose position each item carries (see torchdata_snapshot._elastic),
         # found at each epoch's reset (the reset function may replace DataPipes of the graph).
         self._sharding: Optional[ShardingFilterIterDataPipe] = None
-        self._taken_before = 0  # sharding_taken_before(self._sharding), read once per iteration
+        self._taken_before = 0  # graph_state.sharding.taken_before(self._sharding), once per iteration
 
     # --- main loop ------------------------------------------------------------------------------
 
@@ -234,7 +230,7 @@ class WorkerLoop(ServingLoop):
         the pacer says when the next one is due (see :mod:`torchdata_snapshot._capture`)."""
         start = time.thread_time()  # the capture's own cost, not waits for the GIL
         try:
-            blob = capture_graph_state(self._graph)
+            blob = self.graph_state.capture(self._graph)
         except StateCaptureError as e:
             # Checkpoints stay possible (by replay); the training run must not fail for this.
             warnings.warn(
@@ -269,7 +265,7 @@ class WorkerLoop(ServingLoop):
 
     def _on_reset_epoch(self, request: ResetEpochRequest) -> None:
         self.iterator = None
-        reset_graph_state(self._graph)
+        self.graph_state.reset(self._graph)
         self.outbox.start_epoch(request.epoch)  # nothing of the previous epoch is sent after this
         self.datapipe = process_reset_fn(
             self.datapipe,
@@ -284,7 +280,7 @@ class WorkerLoop(ServingLoop):
         if self._sharding is not None:
             set_remaining(self._sharding, elastic.levels if elastic is not None else ())
             if elastic is not None and elastic.head_states and self.stateful:
-                load_head_start(self.datapipe, self._sharding, elastic)
+                load_head_start(self.datapipe, self._sharding, elastic, self.graph_state)
         elif elastic is not None:
             raise ProtocolError(f"{self.name}: an elastic epoch needs the graph's one sharding filter")
         self._graph = graph_datapipes(self.datapipe)
@@ -306,10 +302,10 @@ class WorkerLoop(ServingLoop):
         start = 0
         if request.state is not None:
             start, blob = request.state
-            load_graph_state(self._graph, blob)
+            self.graph_state.load(self._graph, blob)
             self.iterator = iter(self.datapipe)  # starts from the loaded states
             if self._sharding is not None:
-                self._taken_before = sharding_taken_before(self._sharding)
+                self._taken_before = self.graph_state.sharding.taken_before(self._sharding)
             # The digest carries on from the state's position, if the checkpoint knows it there.
             known = self.digest is not None and request.state_digest is not None
             self.digest = parse_chain_hex(request.state_digest) if known else None  # type: ignore[arg-type]
@@ -427,20 +423,22 @@ def _captures_states(options: WorkerOptions) -> bool:
 
 def carried_state_functions(
     datapipe: DataPipe, options: WorkerOptions, start_method: str
-) -> StateFunctionTable:
+) -> Tuple[StateFunctions, ...]:
     """The registered state functions that the workers of ``datapipe`` need (none when they
     capture no state), for :func:`run_worker`: a worker started by ``spawn`` or ``forkserver``
     does not run the code that registered them. Raises :class:`StateCaptureError` naming one
     that cannot reach such a worker."""
     if not _captures_states(options):
-        return {}
-    table = graph_state_functions(datapipe)
+        return ()
+    carried = graph_state_functions(datapipe)
     if start_method != "fork":  # forked workers inherit them; the others unpickle them
-        check_state_functions_pickle(table, start_method)
-    return table
+        check_state_functions_pickle(carried, start_method)
+    return carried
 
 
-def _maybe_resumable(datapipe: DataPipe, options: WorkerOptions) -> Tuple[DataPipe, bool]:
+def _maybe_resumable(
+    datapipe: DataPipe, options: WorkerOptions, graph_state: GraphState
+) -> Tuple[DataPipe, bool]:
     """The graph rewritten for stateful restore when it allows it (and the options do), and
     whether it was."""
     restore = options.restore
@@ -453,9 +451,9 @@ def _maybe_resumable(datapipe: DataPipe, options: WorkerOptions) -> Tuple[DataPi
                 "process is restored by replay only; use stateful=None (or False)"
             )
         return datapipe, False
-    culprit = unresumable_datapipe(datapipe)
+    culprit = graph_state.unresumable(datapipe)
     if culprit is None:
-        return make_resumable(datapipe), True
+        return graph_state.make_resumable(datapipe), True
     if restore.stateful:
         raise StateCaptureError(
             f"stateful=True, but DataPipe {culprit} can neither report nor load its state: implement "
@@ -472,12 +470,11 @@ def run_worker(
     options: WorkerOptions,
     dispatcher_link: Optional[Channel] = None,
     dispatcher_pid: Optional[int] = None,
-    state_functions: Optional[StateFunctionTable] = None,
+    state_functions: Sequence[StateFunctions] = (),
 ) -> None:
     """Entry point of a worker process; ``state_functions`` are those of
     :func:`carried_state_functions`."""
     torch.set_num_threads(1)
-    use_state_functions(state_functions or {})
     ignore_job_signals()
     endpoint.parent = ParentWatch(parent_pid)
     if dispatcher_link is not None:
@@ -489,7 +486,14 @@ def run_worker(
         init_error = ExceptionWrapper(
             where=f"in worker process {worker_info.worker_id} while initializing it"
         )
-    loop = WorkerLoop(datapipe, endpoint, worker_info, options=options, init_error=init_error)
+    loop = WorkerLoop(
+        datapipe,
+        endpoint,
+        worker_info,
+        options=options,
+        init_error=init_error,
+        state_functions=state_functions,
+    )
     try:
         loop.run()
     finally:

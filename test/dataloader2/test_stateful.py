@@ -7,7 +7,7 @@ import pickle
 import random
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Tuple
 
 import pytest
 import torch
@@ -19,13 +19,7 @@ from torchdata.datapipes.iter import FileLister, IterableWrapper, IterDataPipe
 
 from torchdata_snapshot import StateRestoreError, register_state_functions
 from torchdata_snapshot._graph import graph_datapipes
-from torchdata_snapshot._stateful import (
-    capture_graph_state,
-    load_graph_state,
-    make_resumable,
-    reset_graph_state,
-    unresumable_datapipe,
-)
+from torchdata_snapshot._stateful import _REGISTERED, GraphState, StateFunctions
 
 
 def noisy(x: Any) -> Any:
@@ -81,11 +75,17 @@ def files(tmp: Path) -> IterDataPipe:
     return FileLister([str(tmp / "a"), str(tmp / "b")], masks="*.txt").map(basename)
 
 
-def epochs(dp: IterDataPipe, count: int, first_epoch: int = 0) -> List[List[Any]]:
+def resumable(dp: IterDataPipe) -> Tuple[IterDataPipe, GraphState]:
+    """``dp`` made resumable, as a worker does, with the graph state that keeps its states."""
+    state = GraphState()
+    return state.make_resumable(dp), state
+
+
+def epochs(dp: IterDataPipe, state: GraphState, count: int, first_epoch: int = 0) -> List[List[Any]]:
     """``count`` epochs, each seeded as DataLoader2 would (seeds, then the global RNG)."""
     out = []
     for epoch in range(first_epoch, first_epoch + count):
-        reset_graph_state(graph_datapipes(dp))
+        state.reset(graph_datapipes(dp))
         set_graph_random_seed(dp, SeedGenerator(epoch))
         random.seed(epoch)
         torch.manual_seed(epoch)
@@ -95,42 +95,42 @@ def epochs(dp: IterDataPipe, count: int, first_epoch: int = 0) -> List[List[Any]
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_the_equivalents_yield_exactly_what_upstream_yields(shape: str) -> None:
-    assert unresumable_datapipe(SHAPES[shape]()) is None
-    assert epochs(make_resumable(SHAPES[shape]()), 3) == epochs(SHAPES[shape](), 3)
+    assert GraphState().unresumable(SHAPES[shape]()) is None
+    assert epochs(*resumable(SHAPES[shape]()), 3) == epochs(SHAPES[shape](), GraphState(), 3)
 
 
 def test_file_lister_equivalent(tmp_path: Path) -> None:
-    assert epochs(make_resumable(files(tmp_path)), 2) == epochs(files(tmp_path), 2)
+    assert epochs(*resumable(files(tmp_path)), 2) == epochs(files(tmp_path), GraphState(), 2)
 
 
 def round_trip(build: Callable[[], IterDataPipe], k: int) -> None:
     """Capture a state after k items of epoch 1, load it into a new graph: the rest of the epoch
     and the next epoch are exactly those of an uninterrupted run."""
-    reference = epochs(make_resumable(build()), 2, first_epoch=1)
-    dp = make_resumable(build())
-    reset_graph_state(graph_datapipes(dp))
+    reference = epochs(*resumable(build()), 2, first_epoch=1)
+    dp, state = resumable(build())
+    state.reset(graph_datapipes(dp))
     set_graph_random_seed(dp, SeedGenerator(1))
     random.seed(1)
     torch.manual_seed(1)
     it = iter(dp)
     head = [next(it) for _ in range(k)]
-    blob = capture_graph_state(graph_datapipes(dp))
+    blob = state.capture(graph_datapipes(dp))
     assert head == reference[0][:k]
 
-    again = make_resumable(build())
-    reset_graph_state(graph_datapipes(again))
+    again, again_state = resumable(build())
+    again_state.reset(graph_datapipes(again))
     set_graph_random_seed(again, SeedGenerator(1))
     random.seed(12345)  # whatever the global RNGs hold: the state brings the pipeline's back
     torch.manual_seed(12345)
-    load_graph_state(graph_datapipes(again), blob)
+    again_state.load(graph_datapipes(again), blob)
     assert list(again) == reference[0][k:]
-    assert epochs(again, 1, first_epoch=2) == reference[1:]
+    assert epochs(again, again_state, 1, first_epoch=2) == reference[1:]
 
 
 @pytest.mark.parametrize("where", ["start", "middle", "end"])
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_save_and_load_round_trip(shape: str, where: str) -> None:
-    length = len(epochs(make_resumable(SHAPES[shape]()), 1, first_epoch=1)[0])
+    length = len(epochs(*resumable(SHAPES[shape]()), 1, first_epoch=1)[0])
     round_trip(SHAPES[shape], {"start": 0, "middle": length // 2, "end": length}[where])
 
 
@@ -153,31 +153,41 @@ class Opaque(IterDataPipe):
         yield from range(start, self.n)
 
 
+class OpaqueSubclass(Opaque):
+    pass
+
+
 def test_unknown_datapipes_keep_the_graph_on_replay_until_registered() -> None:
-    assert unresumable_datapipe(Opaque(5).map(double)).endswith("Opaque")
-    assert unresumable_datapipe(IterableWrapper(iter(range(3)))).endswith("IterableWrapperIterDataPipe")
+    assert GraphState().unresumable(Opaque(5).map(double)).endswith("Opaque")
+    assert GraphState().unresumable(IterableWrapper(iter(range(3)))).endswith("IterableWrapperIterDataPipe")
     register_state_functions(Opaque, lambda dp: {"n": dp.n}, lambda dp, state: None)
     try:
-        assert unresumable_datapipe(Opaque(5).map(double)) is None
+        assert GraphState().unresumable(Opaque(5).map(double)) is None
+        assert GraphState().unresumable(OpaqueSubclass(5)).endswith("OpaqueSubclass"), "the exact type only"
     finally:
-        from torchdata_snapshot._stateful import _STATE_FUNCTIONS
+        delattr(Opaque, _REGISTERED)
 
-        del _STATE_FUNCTIONS[Opaque]
+
+def test_a_graph_state_uses_the_state_functions_it_was_sent() -> None:
+    """As in a worker started by spawn, which did not run the code that registered them."""
+    assert GraphState().unresumable(Opaque(5)) is not None, "not registered in this process"
+    sent = StateFunctions(Opaque, lambda dp: {"start": dp.start}, lambda dp, state: None)
+    assert GraphState((sent,)).unresumable(Opaque(5)) is None
 
 
 def test_a_failing_load_state_dict_names_the_datapipe() -> None:
     dp = failing_counter(10)
-    blob = capture_graph_state(graph_datapipes(CountingStateful(10)))
+    blob = GraphState().capture(graph_datapipes(CountingStateful(10)))
     with pytest.raises(
         StateRestoreError, match=r"load_state_dict\(\) of DataPipe 0:CountingStateful .* another dataset"
     ):
-        load_graph_state(graph_datapipes(dp), blob)
+        GraphState().load(graph_datapipes(dp), blob)
 
 
 def test_the_sharding_filter_is_kept_so_that_seeding_still_finds_it() -> None:
     from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 
-    dp = make_resumable(SHAPES["shuffle_before_sharding"]())
+    dp, _ = resumable(SHAPES["shuffle_before_sharding"]())
     kinds = [type(d) for _, d in graph_datapipes(dp)]
     assert ShardingFilterIterDataPipe in kinds, "upstream's ShardingFilter stays in the graph"
     assert len(kinds) == 3, "and nothing is inserted under it"
@@ -202,7 +212,7 @@ class CountedReads(Sequence):
 
 def test_a_resumed_iterable_wrapper_reads_nothing_before_its_position() -> None:
     source = CountedReads(100_000)
-    dp = make_resumable(IterableWrapper(source, deepcopy=False))
+    dp, _ = resumable(IterableWrapper(source, deepcopy=False))
     dp.load_state_dict({"position": 99_990})
     assert next(iter(dp)) == 99_990
     assert source.reads == [99_990], "a restore at k must not walk the k items before it"
@@ -210,13 +220,13 @@ def test_a_resumed_iterable_wrapper_reads_nothing_before_its_position() -> None:
 
 def middle_state(shape: str) -> tuple:
     """A graph of ``shape`` halfway through epoch 1, and its captured states (unpickled)."""
-    dp = make_resumable(SHAPES[shape]())
-    reset_graph_state(graph_datapipes(dp))
+    dp, state = resumable(SHAPES[shape]())
+    state.reset(graph_datapipes(dp))
     set_graph_random_seed(dp, SeedGenerator(1))
     it = iter(dp)
     for _ in range(5):
         next(it)
-    return dp, pickle.loads(capture_graph_state(graph_datapipes(dp)))
+    return dp, pickle.loads(state.capture(graph_datapipes(dp)))
 
 
 def wrong_states(state: Any) -> List[Any]:
@@ -238,11 +248,11 @@ def test_a_state_of_the_wrong_shape_is_refused_when_loaded_naming_the_datapipe(s
     assert keys, "the graph has states to damage"
     for key in keys:
         for wrong in wrong_states(states[key]):
-            again = make_resumable(SHAPES[shape]())
-            reset_graph_state(graph_datapipes(again))
+            again, state = resumable(SHAPES[shape]())
+            state.reset(graph_datapipes(again))
             blob = pickle.dumps({**states, key: wrong})
             with pytest.raises(StateRestoreError, match=rf"DataPipe {key} "):
-                load_graph_state(graph_datapipes(again), blob)
+                state.load(graph_datapipes(again), blob)
 
 
 def test_a_position_past_the_data_is_refused_when_loaded() -> None:
@@ -252,8 +262,9 @@ def test_a_position_past_the_data_is_refused_when_loaded() -> None:
     ):
         dp, states = middle_state(shape)
         blob = pickle.dumps({**states, key: {**states[key], field: 10**6}})
+        again, state = resumable(SHAPES[shape]())
         with pytest.raises(StateRestoreError, match="past the end|does not exist"):
-            load_graph_state(graph_datapipes(make_resumable(SHAPES[shape]())), blob)
+            state.load(graph_datapipes(again), blob)
 
 
 def test_a_blob_that_is_not_a_graph_state_is_refused() -> None:
@@ -263,8 +274,9 @@ def test_a_blob_that_is_not_a_graph_state_is_refused() -> None:
         pickle.dumps({"0": {}}),
         pickle.dumps({"__global_rng__": 1}),
     ):
+        again, state = resumable(SHAPES["iterable_list"]())
         with pytest.raises(StateRestoreError, match="the worker's graph state cannot be loaded"):
-            load_graph_state(graph_datapipes(make_resumable(SHAPES["iterable_list"]())), blob)
+            state.load(graph_datapipes(again), blob)
 
 
 def test_rng_states_are_packed_and_a_blob_of_the_previous_layout_still_loads() -> None:
@@ -272,13 +284,13 @@ def test_rng_states_are_packed_and_a_blob_of_the_previous_layout_still_loads() -
     times faster); blobs written before, with tuples of ints and a tensor, load the same."""
     from torchdata_snapshot._rng import unpack_global_rng_state, unpack_python_state
 
-    dp = make_resumable(SHAPES["global_rng"]())
-    reset_graph_state(graph_datapipes(dp))
+    dp, state = resumable(SHAPES["global_rng"]())
+    state.reset(graph_datapipes(dp))
     set_graph_random_seed(dp, SeedGenerator(1))
     it = iter(dp)
     for _ in range(5):
         next(it)
-    states = pickle.loads(capture_graph_state(graph_datapipes(dp)))
+    states = pickle.loads(state.capture(graph_datapipes(dp)))
     rest = list(it)
     python_state, torch_state, _ = states["__global_rng__"]
     assert isinstance(python_state[1], bytes) and isinstance(torch_state, bytes)
@@ -288,7 +300,7 @@ def test_rng_states_are_packed_and_a_blob_of_the_previous_layout_still_loads() -
     old[shuffler] = {**states[shuffler], "rng": unpack_python_state(states[shuffler]["rng"])}
     assert isinstance(old["__global_rng__"][1], torch.Tensor) and len(old[shuffler]["rng"][1]) == 625
     for blob in (pickle.dumps(states), pickle.dumps(old)):
-        again = make_resumable(SHAPES["global_rng"]())
-        reset_graph_state(graph_datapipes(again))
-        load_graph_state(graph_datapipes(again), blob)
+        again, again_state = resumable(SHAPES["global_rng"]())
+        again_state.reset(graph_datapipes(again))
+        again_state.load(graph_datapipes(again), blob)
         assert list(again) == rest

@@ -3,9 +3,9 @@ position, continues exactly as the uninterrupted run: item by item, to the end o
 through the next one. This is what a worker does on a stateful restore (see the docs' design
 page), run in this process so that hypothesis can try many positions and shardings.
 
-``COMPOSITIONS`` must use every DataPipe type the stateful registry knows (its adapters, the
-types it treats as stateless, the sharding filter and registered state functions): a type
-cannot be made resumable without being covered here (``test_every_registered_datapipe_is_covered``).
+``COMPOSITIONS`` must use every DataPipe type stateful restore knows (its adapters, the types it
+treats as stateless and the sharding filter, which has built-in state functions): a type cannot
+be made resumable without being covered here (``test_every_registered_datapipe_is_covered``).
 """
 
 from __future__ import annotations
@@ -25,16 +25,7 @@ from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import FileLister, IterableWrapper, IterDataPipe
 
 from torchdata_snapshot._graph import graph_datapipes
-from torchdata_snapshot._stateful import (
-    _STATE_FUNCTIONS,
-    ADAPTERS,
-    STATELESS,
-    capture_graph_state,
-    load_graph_state,
-    make_resumable,
-    reset_graph_state,
-    unresumable_datapipe,
-)
+from torchdata_snapshot._stateful import ADAPTERS, STATELESS, GraphState
 
 Build = Callable[[], IterDataPipe]
 
@@ -101,53 +92,67 @@ def compositions(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Build]:
     return _compositions(_files(tmp_path_factory.mktemp("files")))
 
 
-def worker_graph(build: Build, num_instances: int, instance_id: int, adapt: bool = True) -> IterDataPipe:
-    """The graph a worker runs: sharded for worker ``instance_id``, then made resumable."""
+#: A worker's graph and the graph state that keeps its states.
+Graph = Tuple[IterDataPipe, GraphState]
+
+
+def sharded(build: Build, num_instances: int, instance_id: int) -> IterDataPipe:
+    """The graph a worker receives: sharded for worker ``instance_id``."""
     dp = build()
     torch.utils.data.graph_settings.apply_sharding(
         dp, num_instances, instance_id, SHARDING_PRIORITIES.MULTIPROCESSING
     )
-    return make_resumable(dp) if adapt else dp
+    return dp
 
 
-def start_epoch(dp: IterDataPipe, epoch: int) -> Iterator[Any]:
+def worker_graph(build: Build, num_instances: int, instance_id: int, adapt: bool = True) -> Graph:
+    """The graph a worker runs: sharded for worker ``instance_id``, then made resumable."""
+    state = GraphState()
+    dp = sharded(build, num_instances, instance_id)
+    return (state.make_resumable(dp) if adapt else dp), state
+
+
+def start_epoch(graph: Graph, epoch: int) -> Iterator[Any]:
     """Seed the graph for ``epoch`` as a worker does (graph seeds, then its global RNGs) and make
     its iterator."""
-    reset_graph_state(graph_datapipes(dp))
+    dp, state = graph
+    state.reset(graph_datapipes(dp))
     set_graph_random_seed(dp, SeedGenerator(epoch))
     random.seed(epoch)
     torch.manual_seed(epoch)
     return iter(dp)
 
 
-def run_epochs(dp: IterDataPipe, count: int) -> List[List[Any]]:
-    return [list(start_epoch(dp, epoch)) for epoch in range(count)]
+def run_epochs(graph: Graph, count: int) -> List[List[Any]]:
+    return [list(start_epoch(graph, epoch)) for epoch in range(count)]
 
 
-def restored(build: Build, sharding: Tuple[int, int], epoch: int, blob: bytes) -> Tuple[IterDataPipe, Any]:
+def restored(build: Build, sharding: Tuple[int, int], epoch: int, blob: bytes) -> Tuple[Graph, Any]:
     """A new graph brought to ``blob`` the way a worker's restore does: reset to the epoch (an
     iterator is made and never advanced), load the state, iterate afresh."""
-    dp = worker_graph(build, *sharding)
-    start_epoch(dp, epoch)
+    graph = worker_graph(build, *sharding)
+    start_epoch(graph, epoch)
     random.seed(12345)  # whatever the global RNGs hold: the state brings the pipeline's back
     torch.manual_seed(12345)
-    load_graph_state(graph_datapipes(dp), blob)
-    return dp, iter(dp)
+    dp, state = graph
+    state.load(graph_datapipes(dp), blob)
+    return graph, iter(dp)
 
 
 def check_restore_at(build: Build, sharding: Tuple[int, int], epoch: int, positions: List[int]) -> None:
     """Capture at every position of ``positions`` in ``epoch``; each restore yields exactly the
     rest of the epoch, then the next epoch."""
     reference = run_epochs(worker_graph(build, *sharding), epoch + 2)
-    dp = worker_graph(build, *sharding)
+    graph = worker_graph(build, *sharding)
+    dp, state = graph
     for e in range(epoch):
-        list(start_epoch(dp, e))
-    it = start_epoch(dp, epoch)
+        list(start_epoch(graph, e))
+    it = start_epoch(graph, epoch)
     blobs: List[Tuple[int, bytes]] = []
     head: List[Any] = []
     for k in sorted(positions):
         head.extend(next(it) for _ in range(k - len(head)))
-        blobs.append((k, capture_graph_state(graph_datapipes(dp))))
+        blobs.append((k, state.capture(graph_datapipes(dp))))
     assert head + list(it) == reference[epoch], "capturing states changed the data"
     for k, blob in blobs:
         again, rest = restored(build, sharding, epoch, blob)
@@ -157,7 +162,7 @@ def check_restore_at(build: Build, sharding: Tuple[int, int], epoch: int, positi
 
 def test_every_registered_datapipe_is_covered(compositions: Dict[str, Build]) -> None:
     covered = {type(dp) for build in compositions.values() for _, dp in graph_datapipes(build())}
-    registered = set(ADAPTERS) | set(STATELESS) | set(_STATE_FUNCTIONS) | {ShardingFilterIterDataPipe}
+    registered = set(ADAPTERS) | set(STATELESS) | {ShardingFilterIterDataPipe}
     missing = sorted(kind.__name__ for kind in registered - covered)
     assert not missing, f"resumable DataPipes without an equivalence test: {missing}"
 
@@ -168,7 +173,7 @@ def test_each_composition_is_resumable_and_yields_what_upstream_yields(
 ) -> None:
     build = compositions[name]
     for sharding in [(1, 0), (3, 1)]:
-        assert unresumable_datapipe(worker_graph(build, *sharding, adapt=False)) is None
+        assert GraphState().unresumable(sharded(build, *sharding)) is None
         adapted = run_epochs(worker_graph(build, *sharding), 3)
         assert adapted == run_epochs(worker_graph(build, *sharding, adapt=False), 3), sharding
 

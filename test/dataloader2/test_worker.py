@@ -15,6 +15,7 @@ from torchdata_snapshot._channel import ItemDecoder, make_pipe_pair
 from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot._errors import ProtocolError, ReplayDivergenceError, StateCaptureError
 from torchdata_snapshot._options import BatchingOptions, RestoreOptions, WorkerOptions
+from torchdata_snapshot._stateful import StateFunctions
 from torchdata_snapshot._stream import items_message
 from torchdata_snapshot._worker import WorkerLoop, carried_state_functions
 
@@ -554,9 +555,9 @@ def test_workers_are_sent_the_registered_state_functions_of_their_graph() -> Non
     graph = Registered().map(str)
     for start_method in ("fork", "spawn", "forkserver"):
         carried = carried_state_functions(graph, WorkerOptions(), start_method)
-        assert carried == {Registered: (registered_state, registered_load)}, "only the graph's"
+        assert carried == (StateFunctions(Registered, registered_state, registered_load),), "the graph's"
     replaying = WorkerOptions(restore=RestoreOptions(stateful=False))
-    assert carried_state_functions(graph, replaying, "spawn") == {}, "workers that capture nothing"
+    assert carried_state_functions(graph, replaying, "spawn") == (), "workers that capture nothing"
     assert carried_state_functions(RegisteredElsewhere(), WorkerOptions(), "fork"), "fork does not pickle"
     with pytest.raises(
         StateCaptureError, match=r"<lambda>.* registered for .*RegisteredElsewhere .*module level"
