@@ -24,7 +24,7 @@ from torchdata_snapshot._errors import (
 )
 from torchdata_snapshot._options import BatchingOptions
 from torchdata_snapshot._reading_service import MultiProcessingReadingService
-from torchdata_snapshot._stateful import register_state_functions
+from torchdata_snapshot._state_functions import register_state_functions
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
 __version__ = "0.1.0"

@@ -25,7 +25,7 @@ from torchdata_snapshot._constants import JOIN_TIMEOUT_S
 from torchdata_snapshot._dispatch import run_dispatcher
 from torchdata_snapshot._errors import WorkerDiedError
 from torchdata_snapshot._options import WorkerOptions
-from torchdata_snapshot._stateful import StateFunctions
+from torchdata_snapshot._state_functions import StateFunctions
 from torchdata_snapshot._worker import carried_state_functions, run_worker
 
 __all__ = ["ProcessLauncher", "import_what_workers_seed"]

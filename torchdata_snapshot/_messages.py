@@ -101,7 +101,7 @@ last DataPipe) pops, for every item it hands to the user, the worker id the cons
 it handed that item downstream; so the user's position in each worker's stream is known exactly
 whatever the main-process tail buffers. Each ``ItemsResponse`` carries the worker's running
 digest after each of its items (see :mod:`torchdata_snapshot._digest`). A stateful graph (see
-:mod:`torchdata_snapshot._stateful`) also sends ``StateMarkResponse(position, state)`` right
+:mod:`torchdata_snapshot._graph_state`) also sends ``StateMarkResponse(position, state)`` right
 behind an item, as often as ``CAPTURE_TIME_BUDGET`` of its production time allows and at most
 every ``state_interval`` items. The checkpoint keeps, per worker, the running digest at the
 user's position and the latest state strictly behind it (so that a restore always replays, and
@@ -266,7 +266,7 @@ class ItemsResponse(Response):
 @dataclass(frozen=True)
 class StateMarkResponse(Response):
     """The state of the worker's whole graph right after it produced its ``position``-th item of
-    epoch ``epoch`` (see :mod:`torchdata_snapshot._stateful`), sent right behind that item; how
+    epoch ``epoch`` (see :mod:`torchdata_snapshot._graph_state`), sent right behind that item; how
     often is paced by the worker (see ``WorkerLoop._capture_state``)."""
 
     epoch: int

@@ -25,7 +25,8 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, Shardi
 from torchdata.dataloader2.graph import DataPipe, find_dps, list_dps, traverse_dps
 
 from torchdata_snapshot._graph import graph_datapipes
-from torchdata_snapshot._stateful import GraphState, Resumable, unpack_graph_state
+from torchdata_snapshot._graph_state import GraphState, unpack_graph_state
+from torchdata_snapshot._resumable import Resumable
 
 __all__ = [
     "ElasticEpoch",

@@ -14,7 +14,7 @@ only, and swaps numpy's state by reference (its global ``RandomState``'s bit gen
 clears numpy's legacy Gaussian cache: see :class:`IsolatedRNG`.
 
 The other functions read and set the global states for a worker's captures
-(:mod:`torchdata_snapshot._stateful`).
+(:mod:`torchdata_snapshot._graph_state`).
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ from torchdata_snapshot._digest import CHAIN_START, chain, parse_chain_hex
 from torchdata_snapshot._dispatch import DispatchedSource, find_dispatched_sources
 from torchdata_snapshot._errors import ProtocolError, ReplayDivergenceError, StateCaptureError
 from torchdata_snapshot._graph import datapipe_state_dicts, datapipe_yields, graph_datapipes, pausable, paused
+from torchdata_snapshot._graph_state import GraphState
 from torchdata_snapshot._messages import (
     ErrorResponse,
     GetNextRequest,
@@ -66,8 +67,7 @@ from torchdata_snapshot._outbox import Outbox
 from torchdata_snapshot._remaining import load_head_start, set_remaining, sharding_point
 from torchdata_snapshot._replay import replay
 from torchdata_snapshot._serving import ServingLoop
-from torchdata_snapshot._stateful import (
-    GraphState,
+from torchdata_snapshot._state_functions import (
     StateFunctions,
     check_state_functions_pickle,
     graph_state_functions,
@@ -119,7 +119,7 @@ class WorkerLoop(ServingLoop):
         self.exhausted = False
         self.paused = False
         self.terminated = False
-        # Stateful restore (see torchdata_snapshot._stateful): capture the graph's state from time
+        # Stateful restore (see torchdata_snapshot._graph_state): capture the graph's state from time
         # to time when every DataPipe of the graph can resume from a state.
         self.stateful = False
         self.graph_state = GraphState(state_functions)

@@ -47,7 +47,11 @@ LAYOUT: Dict[str, str] = {
     "_graph": "torchdata/dataloader2/graph/snapshot_utils.py",
     "_rng_memory": "torchdata/dataloader2/utils/rng_memory.py",
     "_rng": "torchdata/dataloader2/utils/rng.py",
-    "_stateful": "torchdata/dataloader2/utils/stateful.py",
+    "_resumable": "torchdata/dataloader2/utils/resumable.py",
+    "_sharding_shift": "torchdata/dataloader2/utils/sharding_shift.py",
+    "_equivalents": "torchdata/dataloader2/utils/resumable_equivalents.py",
+    "_state_functions": "torchdata/dataloader2/utils/state_functions.py",
+    "_graph_state": "torchdata/dataloader2/utils/graph_state.py",
     "_stream": "torchdata/dataloader2/communication/stream.py",
     "_options": "torchdata/dataloader2/snapshot_options.py",
     "_outbox": "torchdata/dataloader2/communication/outbox.py",
@@ -133,8 +137,19 @@ SERIES: Tuple[Commit, ...] = (
         "A worker whose whole graph can report and load its state resumes from a captured state in\n"
         "time independent of the position: resumable IterableWrapper, Shuffler, UnBatcher,\n"
         "FlatMapper, Header, Cycler, Concater, Multiplexer, FileLister; the global RNG states; any\n"
-        "DataPipe with state_dict()/load_state_dict().",
-        ("_graph", "_rng_memory", "_rng", "_stateful"),
+        "DataPipe with state_dict()/load_state_dict(), or whose type has registered state functions\n"
+        "(recorded on the class, sent to each worker with its graph). Each worker keeps its graph's\n"
+        "states in a GraphState of its own.",
+        (
+            "_graph",
+            "_rng_memory",
+            "_rng",
+            "_resumable",
+            "_sharding_shift",
+            "_equivalents",
+            "_state_functions",
+            "_graph_state",
+        ),
         ("test_rng_memory.py", "test_rng.py", "test_stateful.py", "test_stateful_equivalence.py"),
     ),
     Commit(

@@ -19,7 +19,8 @@ from torchdata.datapipes.iter import FileLister, IterableWrapper, IterDataPipe
 
 from torchdata_snapshot import StateRestoreError, register_state_functions
 from torchdata_snapshot._graph import graph_datapipes
-from torchdata_snapshot._stateful import _REGISTERED, GraphState, StateFunctions
+from torchdata_snapshot._graph_state import GraphState
+from torchdata_snapshot._state_functions import _REGISTERED, StateFunctions
 
 
 def noisy(x: Any) -> Any:

@@ -24,8 +24,9 @@ from torchdata.dataloader2.graph import set_graph_random_seed
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import FileLister, IterableWrapper, IterDataPipe
 
+from torchdata_snapshot._equivalents import ADAPTERS, STATELESS
 from torchdata_snapshot._graph import graph_datapipes
-from torchdata_snapshot._stateful import ADAPTERS, STATELESS, GraphState
+from torchdata_snapshot._graph_state import GraphState
 
 Build = Callable[[], IterDataPipe]
 

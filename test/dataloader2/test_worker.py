@@ -15,7 +15,7 @@ from torchdata_snapshot._channel import ItemDecoder, make_pipe_pair
 from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot._errors import ProtocolError, ReplayDivergenceError, StateCaptureError
 from torchdata_snapshot._options import BatchingOptions, RestoreOptions, WorkerOptions
-from torchdata_snapshot._stateful import StateFunctions
+from torchdata_snapshot._state_functions import StateFunctions
 from torchdata_snapshot._stream import items_message
 from torchdata_snapshot._worker import WorkerLoop, carried_state_functions
 

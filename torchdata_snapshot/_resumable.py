@@ -1,0 +1,54 @@
+"""``Resumable``: the base of the DataPipes that stateful restore adds to a worker's graph.
+
+Such a DataPipe keeps in attributes what an upstream DataPipe keeps in its generator's frame:
+``state_dict()`` describes it at a yield point, and a state given to ``load_state_dict()`` is
+checked at once (field by field, :func:`expect_state`) and used by the next iteration only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from torch.utils.data import IterDataPipe
+
+__all__ = ["Resumable", "expect_state"]
+
+
+def expect_state(state: Any, owner: str, **fields: Any) -> Dict[str, Any]:
+    """``state`` if it is a dict with exactly ``fields`` (name -> type, or tuple of types; ints
+    must be non-negative), else ``ValueError`` naming what is wrong: a state is checked when it is
+    loaded, not when a corrupted one would fail halfway through an iteration."""
+    if not isinstance(state, dict) or set(state) != set(fields):
+        raise ValueError(f"the state of {owner} must have the fields {sorted(fields)}, got {state!r:.200}")
+    for name, kind in fields.items():
+        value = state[name]
+        if not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 0)):
+            raise ValueError(f"the state of {owner}: {name!r} is not a valid {kind}: {value!r:.200}")
+    return state
+
+
+class Resumable(IterDataPipe):
+    """Base of the resumable equivalents: ``state_dict()`` describes the DataPipe at a yield
+    point; a state given to ``load_state_dict()`` is checked against ``STATE`` (field -> type)
+    and used by the next iteration, once."""
+
+    STATE: Dict[str, Any] = {}
+    _pending: Optional[Dict[str, Any]] = None
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self._pending = self._check_state(expect_state(state, type(self).__name__, **self.STATE))
+
+    def _check_state(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        """Checks beyond the fields' types (a subclass's); the state, unchanged."""
+        return state
+
+    def _take_pending(self) -> Optional[Dict[str, Any]]:
+        state, self._pending = self._pending, None
+        return state
+
+    def discard_loaded_state(self) -> None:
+        """The next iteration starts afresh, not from a state loaded and not used yet."""
+        self._pending = None
+
+    def state_dict(self) -> Dict[str, Any]:
+        raise NotImplementedError
