@@ -41,8 +41,7 @@ from torchdata_snapshot._compat import (
     unbatch_dive,
 )
 from torchdata_snapshot._resumable import Resumable
-from torchdata_snapshot._rng import unpack_python_state
-from torchdata_snapshot._rng_memory import packed_random_state
+from torchdata_snapshot._rng import pack_python_state, unpack_python_state
 
 __all__ = [
     "ADAPTERS",
@@ -156,7 +155,7 @@ class ResumableShuffler(Resumable):
         return {
             "enabled": self._enabled,
             "buffer": list(self._buffer),
-            "rng": packed_random_state(self._rng),
+            "rng": pack_python_state(self._rng.getstate()),
         }
 
     def __len__(self) -> int:

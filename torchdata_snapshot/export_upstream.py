@@ -45,7 +45,6 @@ LAYOUT: Dict[str, str] = {
     "_digest": "torchdata/dataloader2/utils/digest.py",
     "_replay": "torchdata/dataloader2/utils/replay.py",
     "_graph": "torchdata/dataloader2/graph/snapshot_utils.py",
-    "_rng_memory": "torchdata/dataloader2/utils/rng_memory.py",
     "_rng": "torchdata/dataloader2/utils/rng.py",
     "_resumable": "torchdata/dataloader2/utils/resumable.py",
     "_sharding_shift": "torchdata/dataloader2/utils/sharding_shift.py",
@@ -142,7 +141,6 @@ SERIES: Tuple[Commit, ...] = (
         "states in a GraphState of its own.",
         (
             "_graph",
-            "_rng_memory",
             "_rng",
             "_resumable",
             "_sharding_shift",
@@ -150,7 +148,7 @@ SERIES: Tuple[Commit, ...] = (
             "_state_functions",
             "_graph_state",
         ),
-        ("test_rng_memory.py", "test_rng.py", "test_stateful.py", "test_stateful_equivalence.py"),
+        ("test_rng.py", "test_stateful.py", "test_stateful_equivalence.py"),
     ),
     Commit(
         "[DataLoader2] Add an outbox thread that streams a worker's items as soon as they exist",

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import random
+import struct
 import sys
+from pathlib import Path
 from typing import List, Tuple
 
 import numpy
 import pytest
 import torch
 
-from torchdata_snapshot._rng import IsolatedRNG
+import torchdata_snapshot
+from torchdata_snapshot._rng import (
+    IsolatedRNG,
+    pack_python_state,
+    packed_global_rng_state,
+    set_global_rng_state,
+    unpack_global_rng_state,
+    unpack_python_state,
+)
 
 
 def draw() -> Tuple[float, float, float]:
@@ -150,3 +160,46 @@ def test_numpy_random_imported_by_the_pipeline_gives_the_caller_a_state_of_its_o
         second = numpy.random.rand()
     numpy.random.seed(4)
     assert [first, second] == list(numpy.random.rand(2))
+
+
+# --- packed states, as captures store them ---------------------------------------------------
+
+
+def _draw_everything() -> Tuple[float, float, float, float]:
+    return (random.random(), random.gauss(0, 1), torch.rand(1).item(), float(numpy.random.standard_normal()))
+
+
+def test_a_packed_global_state_set_back_gives_the_same_draws() -> None:
+    """Past the twister's 624 words and with both Gaussian caches full (an odd number of
+    normals drawn), the packed state brings back exactly the draws that followed it."""
+    random.seed(1)
+    torch.manual_seed(1)
+    numpy.random.seed(1)
+    for _ in range(700):
+        _draw_everything()
+    numpy.random.standard_normal(3)
+    random.gauss(0, 1)
+    packed = packed_global_rng_state()
+    expected = [_draw_everything() for _ in range(5)]
+    set_global_rng_state(unpack_global_rng_state(packed))
+    assert [_draw_everything() for _ in range(5)] == expected
+
+
+def test_packed_states_are_plain_little_endian_bytes_read_through_public_apis() -> None:
+    """The words are stored little-endian whatever the machine, so a checkpoint moves between
+    byte orders; they are what ``getstate()``/``get_state()`` return."""
+    rng = random.Random(7)
+    rng.random()
+    version, words, gauss = pack_python_state(rng.getstate())
+    assert words == struct.pack("<625I", *rng.getstate()[1])
+    assert unpack_python_state((version, words, gauss)) == rng.getstate()
+    numpy.random.seed(3)
+    _, key, *_ = packed_global_rng_state()[2]
+    assert key == numpy.random.get_state()[1].astype("<u4").tobytes()
+
+
+def test_the_package_reads_no_object_memory() -> None:
+    """RNG states are read through their APIs, never at addresses of objects (``ctypes``)."""
+    package = Path(torchdata_snapshot.__file__).parent
+    users = [p.name for p in package.glob("*.py") if "ctypes" in p.read_text()]
+    assert users == []
