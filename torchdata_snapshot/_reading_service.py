@@ -21,7 +21,6 @@ from torchdata.dataloader2.reading_service import CheckpointableReadingServiceIn
 from torchdata.dataloader2.utils import WorkerInfo
 
 from torchdata_snapshot._checkpoint import Checkpoint, GraphIdentity, WorkerPosition, graph_identity
-from torchdata_snapshot._compat import calling_dataloader2_is_seeded
 from torchdata_snapshot._constants import (
     DEFAULT_CONTROL_TIMEOUT_S,
     DEFAULT_STATE_INTERVAL,
@@ -29,12 +28,7 @@ from torchdata_snapshot._constants import (
     NO_EPOCH,
 )
 from torchdata_snapshot._consumer import credit_window
-from torchdata_snapshot._elastic import elastic_refusal, replicable_branch, resume_levels
-from torchdata_snapshot._errors import (
-    IncompatibleCheckpointError,
-    ReadingServiceClosedError,
-    ReadingServiceError,
-)
+from torchdata_snapshot._errors import ReadingServiceClosedError, ReadingServiceError
 from torchdata_snapshot._graph import graph_datapipes, pausable, pause_datapipe, paused
 from torchdata_snapshot._in_process import InProcess
 from torchdata_snapshot._options import (
@@ -45,18 +39,13 @@ from torchdata_snapshot._options import (
     _check_count,
 )
 from torchdata_snapshot._outlet import Outlet
-from torchdata_snapshot._remaining import ElasticEpoch, Level, sharding_layout, sharding_point
-from torchdata_snapshot._seeds import advance_epoch_seed, load_seed_state, rank_seed_state, seed_state
+from torchdata_snapshot._remaining import ElasticEpoch
+from torchdata_snapshot._restore_plan import PendingRestore, plan_restore, rewind, sharding_of
+from torchdata_snapshot._seeds import advance_epoch_seed, seed_state
 from torchdata_snapshot._worker_pool import WorkerPool
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
 __all__ = ["MultiProcessingReadingService"]
-
-
-def _sharding_of(datapipe: DataPipe) -> Tuple[int, int]:
-    """``(world_size, rank)`` the graph's sharding filter was given (``(1, 0)`` without one)."""
-    sf = sharding_point(datapipe)
-    return (1, 0) if sf is None else sharding_layout(sf)
 
 
 def _shut_down_when_broken(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -196,8 +185,7 @@ class MultiProcessingReadingService(
         self._graph = GraphIdentity("")  # the pipeline's fingerprint and arguments
         self._sharding = (1, 0)  # (world_size, rank) of the graph's sharding filter
         self._elastic: Optional[ElasticEpoch] = None  # the epoch resumed elastically (see _elastic)
-        self._head_states: Tuple[Tuple[int, bytes], ...] = ()  # for the pending elastic restore
-        self._pending_restore: Optional[Checkpoint] = None  # set by restore(), used by the next epoch
+        self._pending: Optional[PendingRestore] = None  # planned by restore(), started by the next epoch
         self._paused = False
         self._initialized = False
         self._finalized = False
@@ -218,7 +206,7 @@ class MultiProcessingReadingService(
     # --- ReadingServiceInterface --------------------------------------------------------------
 
     def initialize(self, datapipe: DataPipe) -> DataPipe:
-        return self._initialize(datapipe, graph_identity(datapipe), _sharding_of(datapipe))
+        return self._initialize(datapipe, graph_identity(datapipe), sharding_of(datapipe))
 
     def _initialize(self, datapipe: DataPipe, graph: GraphIdentity, sharding: Tuple[int, int]) -> DataPipe:
         """``initialize``, with the graph's identity and sharding already computed (a restore
@@ -260,32 +248,15 @@ class MultiProcessingReadingService(
         self, seed_generator: SeedGenerator, iter_reset_fn: Optional[Callable[[DataPipe], DataPipe]] = None
     ) -> Optional[Callable[[DataPipe], DataPipe]]:
         runtime, outlet = self._running("initialize_iteration()")
-        resume, self._pending_restore = self._pending_restore, None
+        pending, self._pending = self._pending, None
+        resume = rewind(pending, seed_generator)
         self._epoch += 1
-        if (
-            resume is not None
-            and seed_state(seed_generator) == resume.seed
-            and calling_dataloader2_is_seeded()
-        ):
-            # DataLoader2._restore_checkpoint_beginning_of_epoch() hands over the generator as it
-            # was when the saved epoch started: upstream's meaning is to replay that epoch from
-            # its beginning, so it starts afresh, with those seeds. (Unseeded, DataLoader2 draws
-            # a new generator at every iter(), which the call cannot change; a fresh process may
-            # then draw the saved epoch's by chance: the epoch still resumes where it stopped.)
-            resume = None
-        if resume is not None:
-            # The generator DataLoader2 hands over was saved *after* this epoch's seeding (and
-            # DistributedReadingService may have advanced it again): put it back, in place, to
-            # where this epoch started, so that this epoch and every later one get the seeds
-            # of the uninterrupted run.
-            load_seed_state(seed_generator, resume.seed)
         self._epoch_seed = seed_state(seed_generator)
         advance_epoch_seed(seed_generator)
-        levels = () if resume is None else tuple(map(Level, resume.remaining))
-        head_states, self._head_states = self._head_states if resume is not None else (), ()
-        self._elastic = ElasticEpoch(levels, head_states) if levels else None
-        runtime.start_epoch(outlet, self._epoch, seed_generator, iter_reset_fn, resume, self._elastic)
-        outlet.start_epoch_at(self._epoch, resume)
+        self._elastic = None if resume is None else resume.elastic
+        checkpoint = None if resume is None else resume.checkpoint
+        runtime.start_epoch(outlet, self._epoch, seed_generator, iter_reset_fn, checkpoint, self._elastic)
+        outlet.start_epoch_at(self._epoch, checkpoint)
         return None
 
     def finalize_iteration(self) -> None:
@@ -355,50 +326,12 @@ class MultiProcessingReadingService(
         if self._finalized:
             raise ReadingServiceClosedError("the reading service was shut down; create a new one")
         state = Checkpoint.from_plain(serialized_state)
-        sharding, graph = _sharding_of(datapipe), graph_identity(datapipe)
-        same_layout = state.num_workers == self.num_workers and (
-            state.sharding is None or state.sharding[0] == sharding[0]
-        )
-        if state.status == "idle" and same_layout:
-            pass  # nothing of an epoch to resume
-        elif same_layout or not self.elastic:
-            state.check_fits(self.num_workers, graph, sharding)
-        else:
-            state.check_graph(graph)
-            if state.status == "in_epoch":
-                state = self._elastic_start(datapipe, state, sharding)
+        sharding, graph = sharding_of(datapipe), graph_identity(datapipe)
+        pending = plan_restore(state, datapipe, graph, sharding, self.num_workers, self.elastic)
         end = self._initialize(datapipe, graph, sharding)
-        self._epoch = state.epoch - 1 if state.status == "in_epoch" else state.epoch
-        self._pending_restore = state if state.status == "in_epoch" else None
+        self._epoch = state.epoch if pending is None else state.epoch - 1
+        self._pending = pending
         return end
-
-    def _elastic_start(self, datapipe: DataPipe, state: Checkpoint, sharding: Tuple[int, int]) -> Checkpoint:
-        """The start of ``state``'s epoch for this service's configuration, dealing only the
-        elements the user had not received (see :mod:`torchdata_snapshot._elastic`); the graph
-        states the old workers captured give the new ones a head start."""
-        refusal = "elastic resume needs worker processes (num_workers >= 1)" if not self.num_workers else None
-        refusal = refusal or elastic_refusal(datapipe, replicable_branch(datapipe))
-        if refusal is not None:
-            raise IncompatibleCheckpointError(
-                f"the epoch cannot resume with another number of workers or ranks: {refusal}"
-            )
-        levels = resume_levels(state, datapipe)
-        assert state.sharding is not None  # resume_levels checked it
-        first_instance = state.sharding[1] * state.num_workers
-        self._head_states = tuple(
-            (first_instance + i, w.state[1]) for i, w in enumerate(state.workers) if w.state
-        )
-        return Checkpoint(
-            num_workers=self.num_workers,
-            graph=state.graph,
-            epoch=state.epoch,
-            status="in_epoch",
-            # Another rank's state may be loaded: the seeds are put back to this rank's.
-            seed=rank_seed_state(state.seed, sharding[1]) if sharding[0] > 1 and state.seed else state.seed,
-            workers=(WorkerPosition(taken=0),) * self.num_workers,
-            sharding=sharding,
-            remaining=tuple(level.taken for level in levels),
-        )
 
     # --- pause / resume / limit (upstream semantics) ------------------------------------------
 

@@ -73,6 +73,7 @@ LAYOUT: Dict[str, str] = {
     "_in_process": "torchdata/dataloader2/in_process.py",
     "_worker_pool": "torchdata/dataloader2/worker_pool.py",
     "_elastic": "torchdata/dataloader2/elastic.py",
+    "_restore_plan": "torchdata/dataloader2/restore_plan.py",
     "_reading_service": "torchdata/dataloader2/snapshot_reading_service.py",
 }
 
@@ -188,11 +189,20 @@ SERIES: Tuple[Commit, ...] = (
         "prefetching on; faults end in clear exceptions. The exact-resume contract is tested against\n"
         "an uninterrupted run in fresh processes. With elastic=True an epoch resumes with another\n"
         "num_workers or world size, each remaining element exactly once.",
-        ("_dispatcher_client", "_launcher", "_in_process", "_worker_pool", "_elastic", "_reading_service"),
+        (
+            "_dispatcher_client",
+            "_launcher",
+            "_in_process",
+            "_worker_pool",
+            "_elastic",
+            "_restore_plan",
+            "_reading_service",
+        ),
         (
             "test_reading_service.py",
             "test_exit.py",
             "test_elastic.py",
+            "test_restore_plan.py",
             "test_restore.py",
             "test_stateful_restore.py",
             "test_faults.py",
