@@ -10,17 +10,18 @@ replays the epoch in the main process (see :mod:`torchdata_snapshot._outlet`).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from torchdata.dataloader2.graph import DataPipe, set_graph_random_seed
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.dataloader2.utils import WorkerInfo
 
-from torchdata_snapshot._checkpoint import Checkpoint, WorkerPosition
+from torchdata_snapshot._checkpoint import WorkerPosition
 from torchdata_snapshot._compat import process_init_fn, process_reset_fn
 from torchdata_snapshot._graph import datapipe_state_dicts, datapipe_yields, graph_datapipes
 from torchdata_snapshot._outlet import Outlet
 from torchdata_snapshot._positions import UserPositions
+from torchdata_snapshot._restore_plan import PendingRestore
 from torchdata_snapshot._rng import IsolatedRNG
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
@@ -43,10 +44,10 @@ class InProcess:
         epoch: int,
         seed_generator: SeedGenerator,
         iter_reset_fn: Optional[Callable],
-        resume: Optional[Checkpoint],
-        elastic: Optional[Any] = None,
+        resume: Optional[PendingRestore],
     ) -> None:
-        assert elastic is None, "an elastic epoch needs worker processes"
+        """Seed the graph as the only worker's; ``resume`` needs nothing here: the outlet replays
+        the user's position (and an epoch resumes elastically only in workers)."""
         if self.rng is not None:
             with self.rng.active():
                 process_reset_fn(outlet, WorkerInfo(1, 0), seed_generator.spawn(0))

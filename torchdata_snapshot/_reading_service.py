@@ -1,9 +1,11 @@
 """``MultiProcessingReadingService``: a drop-in, observable replacement for upstream's.
 
-The reading service only orchestrates DataLoader2's calls: the graph runs in a runtime, in the
-main process (:class:`~torchdata_snapshot._in_process.InProcess`, ``num_workers=0``) or in
-worker processes (:class:`~torchdata_snapshot._worker_pool.WorkerPool`), behind an
-:class:`~torchdata_snapshot._outlet.Outlet` that counts what the user received; checkpoints are
+The reading service only orchestrates DataLoader2's calls: the graph runs in a
+:class:`~torchdata_snapshot._runtime.Runtime`, in the main process
+(:class:`~torchdata_snapshot._in_process.InProcess`, ``num_workers=0``) or in worker processes
+(:class:`~torchdata_snapshot._worker_pool.WorkerPool`), behind an
+:class:`~torchdata_snapshot._outlet.Outlet` that counts what the user received; a restore is
+planned by :func:`~torchdata_snapshot._restore_plan.plan_restore`; checkpoints are
 :class:`~torchdata_snapshot._checkpoint.Checkpoint` s. The protocol is described in
 NOTE [ Snapshot protocol ] (:mod:`torchdata_snapshot._messages`).
 """
@@ -11,7 +13,7 @@ NOTE [ Snapshot protocol ] (:mod:`torchdata_snapshot._messages`).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch.multiprocessing as mp
 from torchdata.dataloader2 import reading_service as upstream
@@ -41,6 +43,7 @@ from torchdata_snapshot._options import (
 from torchdata_snapshot._outlet import Outlet
 from torchdata_snapshot._remaining import ElasticEpoch
 from torchdata_snapshot._restore_plan import PendingRestore, plan_restore, rewind, sharding_of
+from torchdata_snapshot._runtime import Runtime
 from torchdata_snapshot._seeds import advance_epoch_seed, seed_state
 from torchdata_snapshot._worker_pool import WorkerPool
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
@@ -174,7 +177,7 @@ class MultiProcessingReadingService(
 
     def _reset_runtime(self) -> None:
         """Everything that only exists between ``initialize`` and ``finalize``."""
-        self._runtime: Optional[Union[InProcess, WorkerPool]] = None
+        self._runtime: Optional[Runtime] = None
         self._outlet: Optional[Outlet] = None  # the last DataPipe: what the user received
         # The last DataPipe of the graph as adapted (upstream's name; code that introspects the
         # adapted graph, upstream's tests among it, looks there): the outlet's source.
@@ -216,7 +219,7 @@ class MultiProcessingReadingService(
         if self._initialized:
             raise ReadingServiceError("initialize() was already called on this reading service")
         self._graph, self._sharding = graph, sharding
-        runtime: Union[InProcess, WorkerPool]
+        runtime: Runtime
         if self.num_workers:
             options = WorkerOptions(
                 custom_init_fn=self.worker_init_fn,
@@ -254,9 +257,8 @@ class MultiProcessingReadingService(
         self._epoch_seed = seed_state(seed_generator)
         advance_epoch_seed(seed_generator)
         self._elastic = None if resume is None else resume.elastic
-        checkpoint = None if resume is None else resume.checkpoint
-        runtime.start_epoch(outlet, self._epoch, seed_generator, iter_reset_fn, checkpoint, self._elastic)
-        outlet.start_epoch_at(self._epoch, checkpoint)
+        runtime.start_epoch(outlet, self._epoch, seed_generator, iter_reset_fn, resume)
+        outlet.start_epoch_at(self._epoch, None if resume is None else resume.checkpoint)
         return None
 
     def finalize_iteration(self) -> None:
@@ -379,7 +381,7 @@ class MultiProcessingReadingService(
                 "its workers are gone, so there is no state to report"
             )
 
-    def _running(self, what: str) -> Tuple[Union[InProcess, WorkerPool], Outlet]:
+    def _running(self, what: str) -> Tuple[Runtime, Outlet]:
         """The runtime and the outlet, for ``what`` (a method's name) to use; raises
         :class:`ReadingServiceClosedError` after ``finalize()`` and :class:`ReadingServiceError`
         before ``initialize()``."""

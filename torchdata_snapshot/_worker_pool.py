@@ -18,7 +18,7 @@ from torchdata.dataloader2.graph import DataPipe, replace_dp, set_graph_random_s
 from torchdata.dataloader2.random import SeedGenerator
 
 from torchdata_snapshot._channel import Channel
-from torchdata_snapshot._checkpoint import Checkpoint, WorkerPosition
+from torchdata_snapshot._checkpoint import WorkerPosition
 from torchdata_snapshot._compat import (
     DispatchPlaceholder,
     find_lca_round_robin_sharding_dp,
@@ -43,7 +43,7 @@ from torchdata_snapshot._messages import (
 from torchdata_snapshot._options import FaultOptions, WorkerOptions
 from torchdata_snapshot._outlet import Outlet
 from torchdata_snapshot._positions import UserPositions, not_one_to_one
-from torchdata_snapshot._remaining import ElasticEpoch
+from torchdata_snapshot._restore_plan import PendingRestore
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
 __all__ = ["WorkerPool"]
@@ -149,21 +149,22 @@ class WorkerPool:
         epoch: int,
         seed_generator: SeedGenerator,
         iter_reset_fn: Optional[Callable],
-        resume: Optional[Checkpoint],
-        elastic: Optional[ElasticEpoch] = None,
+        resume: Optional[PendingRestore],
     ) -> None:
         """Reset every process to ``epoch`` (workers first: one of them may be waiting for a
         dispatched item of the old epoch), replay a restore, then let the workers produce.
-        ``elastic``: the epoch resumes elastically (see :mod:`torchdata_snapshot._remaining`)."""
+        ``resume``: the restore the epoch resumes, exactly or elastically (see
+        :mod:`torchdata_snapshot._remaining`)."""
         # The main process's DataPipes (the non-replicable tail) are seeded from the generator
         # itself, each worker from its spawn, as upstream.
         set_graph_random_seed(outlet, seed_generator)
         seeds = [seed_generator.spawn(worker_id) for worker_id in range(self.num_workers)]
-        self.consumer.reset_epoch(epoch, seeds, iter_reset_fn, elastic)
+        self.consumer.reset_epoch(epoch, seeds, iter_reset_fn, None if resume is None else resume.elastic)
         if self.dispatcher is not None:
             self.dispatcher.ask(ResetEpochRequest(epoch, seed_generator, iter_reset_fn), ResetEpochResponse)
-        if resume is not None and not resume.replay_in_main:
-            self.consumer.replay(resume.workers, resume.next_worker)  # may need the dispatcher's new epoch
+        if resume is not None and not resume.checkpoint.replay_in_main:
+            checkpoint = resume.checkpoint  # the replay may need the dispatcher's new epoch
+            self.consumer.replay(checkpoint.workers, checkpoint.next_worker)
         self.consumer.start_epoch()
 
     def worker_positions(self, positions: Optional[UserPositions]) -> Tuple[WorkerPosition, ...]:

@@ -74,6 +74,7 @@ LAYOUT: Dict[str, str] = {
     "_worker_pool": "torchdata/dataloader2/worker_pool.py",
     "_elastic": "torchdata/dataloader2/elastic.py",
     "_restore_plan": "torchdata/dataloader2/restore_plan.py",
+    "_runtime": "torchdata/dataloader2/runtime.py",
     "_reading_service": "torchdata/dataloader2/snapshot_reading_service.py",
 }
 
@@ -192,10 +193,11 @@ SERIES: Tuple[Commit, ...] = (
         (
             "_dispatcher_client",
             "_launcher",
-            "_in_process",
-            "_worker_pool",
             "_elastic",
             "_restore_plan",
+            "_runtime",
+            "_in_process",
+            "_worker_pool",
             "_reading_service",
         ),
         (
