@@ -5,14 +5,15 @@ DataPipes after it stay in the main process, and with ``sharding_round_robin_dis
 below the dispatching point runs once, in a dispatching process. The pool starts the processes
 (:class:`~torchdata_snapshot._launcher.ProcessLauncher`), puts a
 :class:`~torchdata_snapshot._consumer.WorkerConsumer` where the replicable branch was, and drives
-the workers and the dispatching process through their epochs, pauses, limits and snapshots.
+the workers and (through its :class:`DispatcherClient`) the dispatching process through their
+epochs, pauses, limits and snapshots.
 See NOTE [ Snapshot protocol ] in :mod:`torchdata_snapshot._messages`.
 """
 
 from __future__ import annotations
 
 import atexit
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple, Type, TypeVar
 
 from torchdata.dataloader2.graph import DataPipe, replace_dp, set_graph_random_seed, traverse_dps
 from torchdata.dataloader2.random import SeedGenerator
@@ -26,19 +27,24 @@ from torchdata_snapshot._compat import (
 )
 from torchdata_snapshot._constants import EXIT_JOIN_TIMEOUT_S, SMALL_ITEMS_PREFETCH_BYTES
 from torchdata_snapshot._consumer import WorkerConsumer
-from torchdata_snapshot._dispatcher_client import DispatcherClient
+from torchdata_snapshot._errors import ProtocolError
 from torchdata_snapshot._launcher import ProcessLauncher
 from torchdata_snapshot._messages import (
+    ErrorResponse,
     GetStateRequest,
     GetStateResponse,
     LimitRequest,
     LimitResponse,
     PauseRequest,
     PauseResponse,
+    Request,
     ResetEpochRequest,
     ResetEpochResponse,
+    Response,
     ResumeRequest,
     ResumeResponse,
+    TerminateRequest,
+    TerminateResponse,
 )
 from torchdata_snapshot._options import FaultOptions, WorkerOptions
 from torchdata_snapshot._outlet import Outlet
@@ -46,7 +52,49 @@ from torchdata_snapshot._positions import UserPositions, not_one_to_one
 from torchdata_snapshot._restore_plan import PendingRestore
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
-__all__ = ["WorkerPool"]
+__all__ = ["DispatcherClient", "WorkerPool"]
+
+R = TypeVar("R", bound=Response)
+
+
+class DispatcherClient:
+    """The main process's control link to the dispatching process, driven as workers are (see
+    :mod:`torchdata_snapshot._links`): one request at a time, answered within the control
+    timeout. An exchange that does not complete leaves the client ``broken``."""
+
+    def __init__(self, channel: Channel, control_timeout_s: float) -> None:
+        self.channel = channel
+        self.control_timeout_s = control_timeout_s
+        self.broken: Optional[str] = None  # why its answers can no longer be trusted
+
+    def ask(self, request: Request, expected: Type[R]) -> R:
+        """Send ``request`` and return the answer; an ``ErrorResponse`` is raised as its error."""
+        try:
+            self.channel.send(request)
+            response = self.channel.recv(self.control_timeout_s, what=expected.__name__)
+        except BaseException as e:
+            self.broken = f"{type(e).__name__} during {expected.__name__}"
+            raise
+        if isinstance(response, ErrorResponse):
+            response.exc.reraise()
+        if not isinstance(response, expected):
+            raise ProtocolError(
+                f"the dispatching process answered {type(response).__name__}, not {expected.__name__}"
+            )
+        return response
+
+    def say_goodbye(self) -> bool:
+        """Ask the dispatching process to stop; whether it said goodbye (if not, the caller kills it)."""
+        if self.broken is not None:
+            return False
+        try:
+            self.ask(TerminateRequest(), TerminateResponse)
+        except Exception:
+            return False
+        return True
+
+    def close(self) -> None:
+        self.channel.close()
 
 
 class WorkerPool:

@@ -68,7 +68,6 @@ LAYOUT: Dict[str, str] = {
     "_links": "torchdata/dataloader2/communication/links.py",
     "_consumer": "torchdata/dataloader2/communication/consumer.py",
     "_outlet": "torchdata/dataloader2/communication/outlet.py",
-    "_dispatcher_client": "torchdata/dataloader2/communication/dispatcher_client.py",
     "_launcher": "torchdata/dataloader2/utils/launcher.py",
     "_in_process": "torchdata/dataloader2/in_process.py",
     "_worker_pool": "torchdata/dataloader2/worker_pool.py",
@@ -191,7 +190,6 @@ SERIES: Tuple[Commit, ...] = (
         "an uninterrupted run in fresh processes. With elastic=True an epoch resumes with another\n"
         "num_workers or world size, each remaining element exactly once.",
         (
-            "_dispatcher_client",
             "_launcher",
             "_elastic",
             "_restore_plan",
