@@ -271,6 +271,31 @@ def stuck_at_5(x: int) -> int:
     return x
 
 
+def stuck_at_5_telling(fifo: str, x: int) -> int:
+    """:func:`stuck_at_5` that first writes a byte to the named pipe ``fifo``: the test then knows
+    the worker is inside item 5 (see :func:`wait_for_fifo`)."""
+    if x == 5:
+        with open(fifo, "wb") as entered:
+            entered.write(b"5")
+    return stuck_at_5(x)
+
+
+def wait_for_fifo(fifo: str, timeout_s: float) -> bool:
+    """Whether a byte arrived on the named pipe ``fifo`` within ``timeout_s`` (a bounded wait)."""
+    import select
+
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], deadline - time.monotonic())
+            if ready and os.read(fd, 1):
+                return True
+        return False
+    finally:
+        os.close(fd)
+
+
 # --- faults ----------------------------------------------------------------------------------------
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,8 +18,10 @@ from pipelines import (
     rs,
     snapshot_when,
     stuck_at_5,
+    stuck_at_5_telling,
     take,
     tiny,
+    wait_for_fifo,
     worker_processes,
 )
 from torchdata.datapipes.iter import IterableWrapper
@@ -120,10 +125,14 @@ def test_shutting_down_workers_all_stuck_waits_once_not_once_per_worker(make_dl:
     assert gone(pids)
 
 
-def test_a_worker_stuck_on_an_item_cannot_hang_a_snapshot(make_dl: Any) -> None:
-    dl = make_dl(IterableWrapper(range(20)).sharding_filter().map(stuck_at_5), rs(2, control_timeout_s=1.0))
+def test_a_worker_stuck_on_an_item_cannot_hang_a_snapshot(make_dl: Any, tmp_path: Path) -> None:
+    fifo = str(tmp_path / "entered")
+    os.mkfifo(fifo)
+    stuck = partial(stuck_at_5_telling, fifo)
+    dl = make_dl(IterableWrapper(range(20)).sharding_filter().map(stuck), rs(2, control_timeout_s=1.0))
     it = iter(dl)
     take(it, 4)
+    assert wait_for_fifo(fifo, timeout_s=60), "worker 1 reaches item 5"  # or it answers the snapshot
     pids = [p.pid for p in worker_processes(dl)]
     start = time.monotonic()
     with pytest.raises(WorkerTimeoutError, match="worker 1 did not send GetStateResponse within 1.0 s"):
