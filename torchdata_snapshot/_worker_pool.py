@@ -13,6 +13,7 @@ See NOTE [ Snapshot protocol ] in :mod:`torchdata_snapshot._messages`.
 from __future__ import annotations
 
 import atexit
+import os
 from typing import Any, Callable, List, Optional, Tuple, Type, TypeVar
 
 from torchdata.dataloader2.graph import DataPipe, replace_dp, set_graph_random_seed, traverse_dps
@@ -115,6 +116,7 @@ class WorkerPool:
         self.end = end  # the main process's graph, the consumer where the replicable branch was
         self.num_workers = consumer.num_workers
         self._stopped = False
+        self._owner_pid = os.getpid()  # a forked child inherits the exit hook, not the pool
         # A script may end, raise or exit without DataLoader2.shutdown(). Then multiprocessing's
         # own exit handler would join the workers, which ignore SIGTERM (see
         # ignore_job_signals) and wait for this process to end: neither would ever exit. atexit
@@ -272,8 +274,11 @@ class WorkerPool:
         self._stop(join_timeout_s)
 
     def _stop_at_exit(self) -> None:
-        """The interpreter is exiting and nobody shut the pool down: stop it, briefly."""
-        self._stop(EXIT_JOIN_TIMEOUT_S)
+        """The interpreter is exiting and nobody shut the pool down: stop it, briefly. In a
+        process forked from the owner (``os.fork``), which inherited this hook, do nothing: the
+        workers are the owner's."""
+        if os.getpid() == self._owner_pid:
+            self._stop(EXIT_JOIN_TIMEOUT_S)
 
     def _stop(self, join_timeout_s: float) -> None:
         if self._stopped:

@@ -185,3 +185,37 @@ def _leave_and_check_the_exit(proc: subprocess.Popen, how: str, context: str) ->
         assert took < EXIT_LIMIT_S
     finally:
         _kill_all(proc, pids)
+
+
+FORKING_SCRIPT = """
+import os, sys, warnings
+warnings.simplefilter("ignore")
+from torchdata.dataloader2 import DataLoader2
+from torchdata.datapipes.iter import IterableWrapper
+from {module} import MultiProcessingReadingService
+
+if __name__ == "__main__":
+    rs = MultiProcessingReadingService(num_workers=2, multiprocessing_context="fork")
+    dl = DataLoader2(IterableWrapper(range(200)).sharding_filter(), reading_service=rs)
+    it = iter(dl)
+    got = [next(it) for _ in range(10)]
+    child = os.fork()
+    if child == 0:
+        sys.exit(0)  # a child of the training process ends normally: its exit hooks run
+    _, status = os.waitpid(child, 0)
+    got += list(it)
+    dl.shutdown()
+    print(os.waitstatus_to_exitcode(status), sorted(got) == list(range(200)))
+"""
+
+
+def test_a_forked_child_that_exits_leaves_the_parents_workers_alone(tmp_path: Path) -> None:
+    """A process forked from the training process (``os.fork``) inherits its exit hooks; when it
+    exits, the hook must not stop the workers of its parent's loader."""
+    script = tmp_path / "fork_and_exit.py"
+    script.write_text(FORKING_SCRIPT.format(module=MultiProcessingReadingService.__module__))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=START_LIMIT_S
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "True"], done.stderr
