@@ -22,7 +22,6 @@ from torch.utils.data.datapipes.iter.combinatorics import ShufflerIterDataPipe
 from torch.utils.data.datapipes.iter.grouping import UnBatcherIterDataPipe
 from torch.utils.data.datapipes.utils.common import get_file_pathnames_from_root
 from torchdata._utils import ExceptionWrapper
-from torchdata.dataloader2.communication import messages as upstream_messages
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.graph._serialization import attach_wrapper, extract_wrapper
 from torchdata.dataloader2.graph.utils import _find_replicable_branches
@@ -59,7 +58,6 @@ __all__ = [
     "seed_engine_states",
     "shuffler_settings",
     "unbatch_dive",
-    "upstream_messages",
 ]
 
 #: The placeholder DataLoader2 puts where the dispatched part of a graph was.

@@ -170,7 +170,10 @@ class WorkerConsumer(IterDataPipe):
         with links.lock:
             links.check_open()
             links.epoch = epoch  # from here on, responses of older epochs are stale
-            requests = [ResetEpochRequest(epoch, seed, iter_reset_fn, elastic) for seed in seed_generators]
+            requests = [
+                ResetEpochRequest(seed, iter_reset_fn, epoch=epoch, elastic=elastic)
+                for seed in seed_generators
+            ]
             links.reset_requests = requests
             for stream in self.streams:
                 stream.restarts = 0

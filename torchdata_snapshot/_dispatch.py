@@ -204,7 +204,7 @@ class DispatcherLoop(ServingLoop):
                 if self.ended is END:
                     endpoint.send(StopIterationResponse(self.epoch))
                 else:
-                    endpoint.send(WorkerExceptionResponse(self.epoch, self.ended))
+                    endpoint.send(WorkerExceptionResponse(self.ended, epoch=self.epoch))
                 self.end_sent[w] = True
 
     def _on_worker_request(self, worker_id: int, request: Any) -> None:

@@ -1,8 +1,10 @@
 """Request and response messages between the main process, the workers and the dispatcher.
 
-They sit beside upstream's ``torchdata.dataloader2.communication.messages`` (and subclass its
-``Request``/``Response`` roots, so ``isinstance`` checks written against upstream still hold),
-with the requests upstream's snapshot RFC asked for (``GetStateRequest``/``GetStateResponse``;
+They extend upstream's ``torchdata.dataloader2.communication.messages``: they derive from its
+``Request``/``Response`` roots, and a message that upstream also has takes upstream's arguments
+first, in upstream's order, its new fields after them with defaults; so upstream's queue-based
+loop could send and read these very classes (in torchdata's tree they replace upstream's). With
+the requests upstream's snapshot RFC asked for (``GetStateRequest``/``GetStateResponse``;
 see the docs' design page) and what streaming
 and restore need. Every message is a small frozen dataclass.
 
@@ -131,8 +133,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple
 
-from torchdata_snapshot._compat import ExceptionWrapper
-from torchdata_snapshot._compat import upstream_messages as upstream
+from torchdata._utils import ExceptionWrapper
+from torchdata.dataloader2.communication.messages import Request, Response
 
 __all__ = [
     "ErrorResponse",
@@ -161,14 +163,6 @@ __all__ = [
 ]
 
 
-class Request(upstream.Request):
-    """Root of the requests of this protocol."""
-
-
-class Response(upstream.Response):
-    """Root of the responses of this protocol."""
-
-
 # --- epoch control --------------------------------------------------------------------------
 
 
@@ -179,9 +173,9 @@ class ResetEpochRequest(Request):
     epoch remain for the sharding filter to deal, and which captured states may spare running the
     pre-sharding part from the epoch's start (see :mod:`torchdata_snapshot._remaining`)."""
 
-    epoch: int
     seed_generator: Any
-    iter_reset_fn: Optional[Callable[[Any], Any]] = None
+    iter_reset_fn: Optional[Callable[[Any], Any]]
+    epoch: int = 0
     elastic: Optional[Any] = None
 
 
@@ -189,7 +183,7 @@ class ResetEpochRequest(Request):
 class ResetEpochResponse(Response):
     """The epoch is reset; nothing of the previous epoch follows this response."""
 
-    epoch: int
+    epoch: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -241,7 +235,7 @@ class GetNextRequest(Request):
     outstanding credit is what prefetching means in this protocol.
     """
 
-    epoch: int
+    epoch: Optional[int] = None
     count: int = 1
 
 
@@ -278,7 +272,7 @@ class StateMarkResponse(Response):
 class StopIterationResponse(Response):
     """The graph is exhausted for epoch ``epoch``; no item follows until the next reset."""
 
-    epoch: int
+    epoch: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -287,8 +281,8 @@ class WorkerExceptionResponse(Response):
     it is read. A reader drops it when it belongs to an older epoch, as it drops stale items;
     ``epoch=None`` (the sender is going away, whatever the epoch) is never stale."""
 
-    epoch: Optional[int]
     exc: ExceptionWrapper
+    epoch: Optional[int] = None
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ class Outbox:
             self._break(e)
         except Exception as e:
             where = f"in the outbox thread of {self.name}"
-            report = WorkerExceptionResponse(None, ExceptionWrapper(where=where))
+            report = WorkerExceptionResponse(ExceptionWrapper(where=where), epoch=None)
             try:
                 self.endpoint.send(report)
             except Exception:

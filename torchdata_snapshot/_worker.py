@@ -205,14 +205,14 @@ class WorkerLoop(ServingLoop):
                 return
             except Exception:
                 self._end_stream(
-                    WorkerExceptionResponse(self.epoch, ExceptionWrapper(where=f"in {self.name}"))
+                    WorkerExceptionResponse(ExceptionWrapper(where=f"in {self.name}"), epoch=self.epoch)
                 )
                 return
             try:
                 payload = self.encoder.dumps(item)
             except Exception:
                 where = f"in {self.name} while pickling item {self.produced} of epoch {self.epoch}"
-                self._end_stream(WorkerExceptionResponse(self.epoch, ExceptionWrapper(where=where)))
+                self._end_stream(WorkerExceptionResponse(ExceptionWrapper(where=where), epoch=self.epoch))
                 return
             self.produced += 1
             self.credit -= 1

@@ -211,7 +211,9 @@ class WorkerPool:
         seeds = [seed_generator.spawn(worker_id) for worker_id in range(self.num_workers)]
         self.consumer.reset_epoch(epoch, seeds, iter_reset_fn, None if resume is None else resume.elastic)
         if self.dispatcher is not None:
-            self.dispatcher.ask(ResetEpochRequest(epoch, seed_generator, iter_reset_fn), ResetEpochResponse)
+            self.dispatcher.ask(
+                ResetEpochRequest(seed_generator, iter_reset_fn, epoch=epoch), ResetEpochResponse
+            )
         if resume is not None and not resume.checkpoint.replay_in_main:
             checkpoint = resume.checkpoint  # the replay may need the dispatcher's new epoch
             self.consumer.replay(checkpoint.workers, checkpoint.next_worker)

@@ -36,9 +36,8 @@ class Dispatching:
         self.epoch += 1
         for source in self.sources:
             source.reset_epoch(self.epoch)
-        assert self.ask(m.ResetEpochRequest(self.epoch, SeedGenerator(seed))) == m.ResetEpochResponse(
-            self.epoch
-        )
+        request = m.ResetEpochRequest(SeedGenerator(seed), None, epoch=self.epoch)
+        assert self.ask(request) == m.ResetEpochResponse(self.epoch)
 
     def close(self) -> None:
         assert isinstance(self.ask(m.TerminateRequest()), m.TerminateResponse)
@@ -161,6 +160,6 @@ def test_an_exception_from_an_older_epoch_is_dropped_like_its_items() -> None:
         raise ValueError("epoch 0 failed after the user broke out of it")
     except ValueError:
         stale = ExceptionWrapper(where="in the dispatching process")
-    endpoint.send(m.WorkerExceptionResponse(0, stale))  # still in flight when epoch 1 began
+    endpoint.send(m.WorkerExceptionResponse(stale, epoch=0))  # still in flight when epoch 1 began
     endpoint.send(m.StopIterationResponse(1))
     assert list(source) == []

@@ -1,6 +1,7 @@
 """Messages: small frozen dataclasses beside upstream's, picklable across processes."""
 
 import dataclasses
+import inspect
 import pickle
 
 import pytest
@@ -80,3 +81,28 @@ def test_messages_sit_beside_upstreams(message: object) -> None:
 def test_get_next_request_is_a_credit_for_one_epoch() -> None:
     assert m.GetNextRequest(epoch=0).count == 1
     assert m.GetNextRequest(epoch=5, count=10) != m.GetNextRequest(epoch=6, count=10)
+
+
+SHARED_WITH_UPSTREAM = sorted(
+    name
+    for name in m.__all__
+    if name not in ("Request", "Response") and isinstance(getattr(upstream, name, None), type)
+)
+
+
+def test_the_messages_upstream_also_has_are_the_usual_ones() -> None:
+    assert "PauseRequest" in SHARED_WITH_UPSTREAM and "GetNextRequest" in SHARED_WITH_UPSTREAM
+    assert "GetStateRequest" not in SHARED_WITH_UPSTREAM, "the RFC's messages are new"
+
+
+@pytest.mark.parametrize("name", SHARED_WITH_UPSTREAM)
+def test_a_message_upstream_also_has_takes_upstreams_arguments_in_upstreams_order(name: str) -> None:
+    # Upstream's queue-based loop could build and read ours: same positional parameters, same
+    # attribute names; our new fields come after, with defaults.
+    theirs = inspect.signature(getattr(upstream, name).__init__)
+    params = [p for p in theirs.parameters.values() if p.name != "self" and p.kind is p.POSITIONAL_OR_KEYWORD]
+    values = [object() for _ in params]
+    ours = getattr(m, name)(*values)
+    for param, value in zip(params, values):
+        assert getattr(ours, param.name) is value, f"{name}.{param.name}"
+    assert issubclass(getattr(m, name), upstream.Request if name.endswith("Request") else upstream.Response)

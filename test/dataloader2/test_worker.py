@@ -46,7 +46,7 @@ def serve(
 
 
 def reset(epoch: int = 0, seed: int = 0) -> m.ResetEpochRequest:
-    return m.ResetEpochRequest(epoch, SeedGenerator(seed))
+    return m.ResetEpochRequest(SeedGenerator(seed), None, epoch=epoch)
 
 
 def items_of(responses: List[Any]) -> List[Any]:
