@@ -31,7 +31,6 @@ from torchdata.dataloader2.utils.dispatch import (
     find_lca_round_robin_sharding_dp,
     find_non_dispatching_branches,
 )
-from torchdata.dataloader2.utils.worker import process_init_fn, process_reset_fn
 from torchdata.datapipes.iter import FlatMapper as FlatMapperIterDataPipe
 from torchdata.datapipes.iter import Prefetcher as PrefetcherIterDataPipe
 from torchdata.datapipes.iter.util.randomsplitter import _RandomSplitterIterDataPipe
@@ -49,8 +48,6 @@ __all__ = [
     "flatmap_expand",
     "get_file_pathnames_from_root",
     "iterator_id",
-    "process_init_fn",
-    "process_reset_fn",
     "load_seed_engine_states",
     "unhooked_iter",
     "prefetcher_in_progress",

@@ -26,7 +26,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequenc
 import torch
 from torch.utils.data import IterDataPipe
 from torchdata.dataloader2.graph import DataPipe, find_dps, traverse_dps
-from torchdata.dataloader2.utils import WorkerInfo
+from torchdata.dataloader2.utils.worker import WorkerInfo, process_reset_fn
 
 from torchdata_snapshot._channel import (
     Channel,
@@ -37,7 +37,7 @@ from torchdata_snapshot._channel import (
     ignore_job_signals,
     wait_any,
 )
-from torchdata_snapshot._compat import ExceptionWrapper, extract_wrapper, process_reset_fn
+from torchdata_snapshot._compat import ExceptionWrapper, extract_wrapper
 from torchdata_snapshot._constants import (
     DISPATCH_WINDOW,
     DISPATCHER_ID,

@@ -14,10 +14,9 @@ from typing import Callable, List, Optional, Tuple
 
 from torchdata.dataloader2.graph import DataPipe, set_graph_random_seed
 from torchdata.dataloader2.random import SeedGenerator
-from torchdata.dataloader2.utils import WorkerInfo
+from torchdata.dataloader2.utils.worker import WorkerInfo, process_init_fn, process_reset_fn
 
 from torchdata_snapshot._checkpoint import WorkerPosition
-from torchdata_snapshot._compat import process_init_fn, process_reset_fn
 from torchdata_snapshot._graph import datapipe_state_dicts, datapipe_yields, graph_datapipes
 from torchdata_snapshot._outlet import Outlet
 from torchdata_snapshot._positions import UserPositions

@@ -17,7 +17,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, List, Optional, Sequence, Tuple
 
 from torchdata.dataloader2.graph import DataPipe
-from torchdata.dataloader2.utils import WorkerInfo
+from torchdata.dataloader2.utils.worker import WorkerInfo
 
 from torchdata_snapshot._channel import Channel, describe_exit, make_pipe_pair, process_exit
 from torchdata_snapshot._compat import attach_wrapper

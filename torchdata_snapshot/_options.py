@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from torchdata.dataloader2.graph import DataPipe
-from torchdata.dataloader2.utils import WorkerInfo
+from torchdata.dataloader2.utils.worker import WorkerInfo
 
 from torchdata_snapshot._constants import DEFAULT_CONTROL_TIMEOUT_S, DEFAULT_STATE_INTERVAL
 

@@ -20,7 +20,7 @@ from torchdata.dataloader2 import reading_service as upstream
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.dataloader2.reading_service import CheckpointableReadingServiceInterface
-from torchdata.dataloader2.utils import WorkerInfo
+from torchdata.dataloader2.utils.worker import WorkerInfo
 
 from torchdata_snapshot._checkpoint import Checkpoint, GraphIdentity, WorkerPosition, graph_identity
 from torchdata_snapshot._constants import (

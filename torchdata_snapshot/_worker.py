@@ -14,7 +14,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
 from torchdata.dataloader2.graph import DataPipe, find_dps, replace_dp, traverse_dps
-from torchdata.dataloader2.utils import WorkerInfo
+from torchdata.dataloader2.utils.worker import WorkerInfo, process_reset_fn
 
 from torchdata_snapshot._capture import CapturePacer
 from torchdata_snapshot._channel import (
@@ -30,7 +30,6 @@ from torchdata_snapshot._compat import (
     ExceptionWrapper,
     extract_wrapper,
     find_non_dispatching_branches,
-    process_reset_fn,
     samples_yielded,
 )
 from torchdata_snapshot._constants import (
