@@ -8,20 +8,46 @@ of :class:`RestoreOptions` and :class:`FaultOptions` as its own keywords (one sp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Type, TypeVar
 
+import torch.multiprocessing as mp
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.utils.worker import WorkerInfo
 
 from torchdata_snapshot._constants import DEFAULT_CONTROL_TIMEOUT_S, DEFAULT_STATE_INTERVAL
 
-__all__ = ["BatchingOptions", "FaultOptions", "RestoreOptions", "WorkerOptions"]
+__all__ = [
+    "BatchingOptions",
+    "FaultOptions",
+    "RestoreOptions",
+    "WorkerOptions",
+    "check_start_method",
+    "check_type",
+]
+
+T = TypeVar("T")
 
 
 def _check_count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be a non-negative int, got {value!r}")
     return value
+
+
+def check_type(name: str, value: Any, kind: Type[T]) -> T:
+    """``value``, if it is a ``kind``; else ``TypeError`` naming the argument."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{name} must be a {kind.__name__}, got {value!r:.100}")
+    return value
+
+
+def check_start_method(method: Optional[str]) -> Optional[str]:
+    """``method``, if ``None`` (the platform's default) or a start method of this platform."""
+    if method is not None and method not in mp.get_all_start_methods():
+        raise ValueError(
+            f"multiprocessing_context must be one of {mp.get_all_start_methods()}, got {method!r}"
+        )
+    return method
 
 
 @dataclass(frozen=True)

@@ -12,60 +12,40 @@ NOTE [ Snapshot protocol ] (:mod:`torchdata_snapshot._messages`).
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import torch.multiprocessing as mp
 from torchdata.dataloader2 import reading_service as upstream
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.dataloader2.reading_service import CheckpointableReadingServiceInterface
 from torchdata.dataloader2.utils.worker import WorkerInfo
 
-from torchdata_snapshot._checkpoint import Checkpoint, GraphIdentity, WorkerPosition, graph_identity
+from torchdata_snapshot._checkpoint import Checkpoint, GraphIdentity, graph_identity
 from torchdata_snapshot._constants import (
     DEFAULT_CONTROL_TIMEOUT_S,
     DEFAULT_STATE_INTERVAL,
     JOIN_TIMEOUT_S,
     NO_EPOCH,
 )
-from torchdata_snapshot._consumer import credit_window
 from torchdata_snapshot._errors import ReadingServiceClosedError, ReadingServiceError
 from torchdata_snapshot._graph import graph_datapipes, pausable, pause_datapipe, paused
-from torchdata_snapshot._in_process import InProcess
 from torchdata_snapshot._options import (
     BatchingOptions,
     FaultOptions,
     RestoreOptions,
     WorkerOptions,
     _check_count,
+    check_start_method,
+    check_type,
 )
 from torchdata_snapshot._outlet import Outlet
 from torchdata_snapshot._remaining import ElasticEpoch
 from torchdata_snapshot._restore_plan import PendingRestore, plan_restore, rewind, sharding_of
-from torchdata_snapshot._runtime import Runtime
+from torchdata_snapshot._runtime import Runtime, checkpoint_of, shut_down_when_broken, start_runtime
 from torchdata_snapshot._seeds import advance_epoch_seed, seed_state
-from torchdata_snapshot._worker_pool import WorkerPool
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
 __all__ = ["MultiProcessingReadingService"]
-
-
-def _shut_down_when_broken(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Run a control operation; if it left the processes in an unknown state (a worker died, a
-    wait timed out, Ctrl-C between a request and its answer), shut everything down before the
-    exception propagates: no process outlives the failure, no later call reads a stale answer."""
-
-    @functools.wraps(method)
-    def guarded(self: MultiProcessingReadingService, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except BaseException:
-            if self._broken() and not self._finalized:
-                self.finalize()
-            raise
-
-    return guarded
 
 
 class MultiProcessingReadingService(
@@ -107,23 +87,16 @@ class MultiProcessingReadingService(
         timeout_s: bound on waiting for one item (``None``: as long as the worker lives).
         restart_dead_workers: self-healing: how many times per epoch a worker that dies may be
             replaced by a new process that replays its stream (see the reliability page).
-        isolate_rng: with ``num_workers=0``, give the pipeline its own ``random``/``torch``/``numpy``
-            global RNG states (seeded by DataLoader2 like a worker's), swapped in for each item
-            the user asks for and out before it is returned (about 25 us), so that the training
-            loop's draws never change the data and a restored epoch replays exactly. The states
-            are process-wide: another thread that draws from them *during* ``next()`` draws from
-            the pipeline's (workers have no such window). numpy's legacy Gaussian cache is
-            cleared at every item (see the contract page). ``False`` is upstream's behaviour.
+        isolate_rng: with ``num_workers=0``, give the pipeline its own ``random``/``torch``/
+            ``numpy`` global RNG states, seeded by DataLoader2 like a worker's and swapped in
+            around each item, so that the training loop's draws never change the data and a
+            restored epoch replays exactly (what it costs and what it cannot isolate: see the
+            contract and performance pages). ``False`` is upstream's behaviour.
         read_ahead: with ``num_workers=0`` and ``isolate_rng``, produce items ahead of the user
-            (up to 256, 2 ms' or 16 MB's worth) within one swap of the RNG states, for
-            throughput on cheap items; without it (the default) each item is produced when the
-            user asks for it, as upstream does. The data and the checkpoints are the same either
-            way, but reading ahead changes *when* the pipeline runs: its side effects, prints and
-            breakpoints happen for items the user has not asked for yet; a value the training
-            loop sets (a curriculum level, a flag) reaches only the items produced after it, up
-            to 256 items late; and the window in which another thread's draws from the global
-            RNGs come from the pipeline's states grows to up to 2 ms per ``next()``. No effect
-            with workers.
+            within one swap of the RNG states, for throughput on cheap items; the data and the
+            checkpoints are the same, but the pipeline then runs before the user asks (its side
+            effects, and a value the training loop sets, are up to a batch of items early or
+            late: see the performance page). Default: each item is produced when asked for.
         elastic: let a restore resume an epoch checkpointed with another ``num_workers`` (or,
             under ``DistributedReadingService``, another world size): the rest of the epoch
             delivers each element the user had not received exactly once, dealt over the new
@@ -153,25 +126,16 @@ class MultiProcessingReadingService(
         # Upstream's __init__ is not called: it asserts instead of raising and warns that
         # num_workers=0 should use InProcessReadingService, which is not true here.
         self.num_workers = _check_count("num_workers", num_workers)
-        if multiprocessing_context is not None and multiprocessing_context not in mp.get_all_start_methods():
-            raise ValueError(
-                f"multiprocessing_context must be one of {mp.get_all_start_methods()}, "
-                f"got {multiprocessing_context!r}"
-            )
-        self.multiprocessing_context = multiprocessing_context
+        self.multiprocessing_context = check_start_method(multiprocessing_context)
         self.worker_prefetch_cnt = _check_count("worker_prefetch_cnt", worker_prefetch_cnt)
         self.main_prefetch_cnt = _check_count("main_prefetch_cnt", main_prefetch_cnt)
         self.worker_init_fn = worker_init_fn
         self.worker_reset_fn = worker_reset_fn
-        if not isinstance(batching, BatchingOptions):
-            raise TypeError(f"batching must be a BatchingOptions, got {type(batching).__name__}")
-        self.batching = batching
+        self.batching = check_type("batching", batching, BatchingOptions)
         self.restore_options = RestoreOptions(verify_replay, state_interval, stateful)
         self.fault_options = FaultOptions(control_timeout_s, timeout_s, restart_dead_workers)
         self.isolate_rng = bool(isolate_rng)
-        if not isinstance(read_ahead, bool):
-            raise TypeError(f"read_ahead must be a bool, got {read_ahead!r}")
-        self.read_ahead = read_ahead
+        self.read_ahead = check_type("read_ahead", read_ahead, bool)
         self.elastic = bool(elastic)
         self._reset_runtime()
 
@@ -219,26 +183,19 @@ class MultiProcessingReadingService(
         if self._initialized:
             raise ReadingServiceError("initialize() was already called on this reading service")
         self._graph, self._sharding = graph, sharding
-        runtime: Runtime
-        if self.num_workers:
-            options = WorkerOptions(
-                custom_init_fn=self.worker_init_fn,
-                custom_reset_fn=self.worker_reset_fn,
-                batching=self.batching,
-                restore=self.restore_options,
-            )
-            window = credit_window(self.num_workers, self.worker_prefetch_cnt, self.main_prefetch_cnt)
-            ctx = mp.get_context(self.multiprocessing_context)
-            runtime = WorkerPool.start(datapipe, ctx, self.num_workers, options, window, self.fault_options)
-        else:
-            runtime = InProcess(datapipe, self.worker_init_fn, self.isolate_rng)
-        self._runtime = runtime
-        outlet = Outlet(runtime.end, runtime.positions)
-        outlet.verify = self.restore_options.verify_replay
-        outlet.rng = runtime.rng
-        outlet.read_ahead = self.read_ahead
-        self._outlet = outlet
-        self._end_datapipe = runtime.end
+        worker = WorkerOptions(self.worker_init_fn, self.worker_reset_fn, self.batching, self.restore_options)
+        prefetch = (self.worker_prefetch_cnt, self.main_prefetch_cnt)
+        runtime, outlet = start_runtime(
+            datapipe,
+            self.num_workers,
+            self.multiprocessing_context,
+            prefetch,
+            worker,
+            self.fault_options,
+            self.isolate_rng,
+            self.read_ahead,
+        )
+        self._runtime, self._outlet, self._end_datapipe = runtime, outlet, runtime.end
         self._main_datapipes = [dp for _, dp in graph_datapipes(outlet)]
         self._initialized = True
         return outlet
@@ -246,7 +203,7 @@ class MultiProcessingReadingService(
     def _broken(self) -> bool:
         return self._runtime is not None and self._runtime.broken is not None
 
-    @_shut_down_when_broken
+    @shut_down_when_broken
     def initialize_iteration(
         self, seed_generator: SeedGenerator, iter_reset_fn: Optional[Callable[[DataPipe], DataPipe]] = None
     ) -> Optional[Callable[[DataPipe], DataPipe]]:
@@ -288,31 +245,16 @@ class MultiProcessingReadingService(
         anything and does not change the data; its size does not depend on the position.
         """
         self._check_open()
-        outlet, runtime = self._outlet, self._runtime
-        if outlet is None or runtime is None or self._epoch < 0:
-            workers = (WorkerPosition(),) * self.num_workers
-            return Checkpoint(
-                self.num_workers,
-                self._graph,
-                epoch=self._epoch,
-                workers=workers,
-                sharding=self._sharding,
-            ).to_plain()
-        positions = outlet.positions
-        return Checkpoint(
-            num_workers=self.num_workers,
-            graph=self._graph,
-            epoch=self._epoch,
-            status="finished" if outlet.finished else "in_epoch",
-            seed=self._epoch_seed,
-            delivered=outlet.delivered,
-            replay_in_main=positions is None,
-            digest=None if positions is not None else outlet.digest,
-            workers=runtime.worker_positions(positions),
-            next_worker=0 if positions is None else positions.next_worker,
-            sharding=self._sharding,
-            remaining=() if self._elastic is None else tuple(level.taken for level in self._elastic.levels),
-        ).to_plain()
+        running = None if self._runtime is None or self._outlet is None else (self._runtime, self._outlet)
+        return checkpoint_of(
+            running,
+            self.num_workers,
+            self._graph,
+            self._epoch,
+            self._epoch_seed,
+            self._sharding,
+            self._elastic,
+        )
 
     def restore(self, datapipe: DataPipe, serialized_state: Any) -> DataPipe:
         """Start the service for ``datapipe`` so that its next epoch resumes ``serialized_state``.
@@ -337,7 +279,7 @@ class MultiProcessingReadingService(
 
     # --- pause / resume / limit (upstream semantics) ------------------------------------------
 
-    @_shut_down_when_broken
+    @shut_down_when_broken
     def _pause(
         self, pause_fn: Optional[Callable[[DataPipe], DataPipe]] = None
     ) -> Optional[Callable[[DataPipe], DataPipe]]:
@@ -349,7 +291,7 @@ class MultiProcessingReadingService(
         self._paused = True
         return None
 
-    @_shut_down_when_broken
+    @shut_down_when_broken
     def _resume(
         self, resume_fn: Optional[Callable[[DataPipe], DataPipe]] = None
     ) -> Optional[Callable[[DataPipe], DataPipe]]:
@@ -360,7 +302,7 @@ class MultiProcessingReadingService(
         self._paused = False
         return None
 
-    @_shut_down_when_broken
+    @shut_down_when_broken
     def _limit(
         self,
         num_batches: Optional[int],
@@ -392,7 +334,7 @@ class MultiProcessingReadingService(
             )
         return self._runtime, self._outlet
 
-    @_shut_down_when_broken
+    @shut_down_when_broken
     def snapshot(self) -> List[WorkerSnapshot]:
         """One :class:`WorkerSnapshot` per worker, taken at one consistent point.
 

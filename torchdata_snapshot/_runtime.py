@@ -9,19 +9,26 @@ reading service drives either through this protocol, behind the
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Protocol, Tuple
+import functools
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
+import torch.multiprocessing as mp
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.random import SeedGenerator
 
-from torchdata_snapshot._checkpoint import WorkerPosition
+from torchdata_snapshot._checkpoint import Checkpoint, GraphIdentity, WorkerPosition
+from torchdata_snapshot._consumer import credit_window
+from torchdata_snapshot._in_process import InProcess
+from torchdata_snapshot._options import FaultOptions, WorkerOptions
 from torchdata_snapshot._outlet import Outlet
 from torchdata_snapshot._positions import UserPositions
+from torchdata_snapshot._remaining import ElasticEpoch
 from torchdata_snapshot._restore_plan import PendingRestore
 from torchdata_snapshot._rng import IsolatedRNG
+from torchdata_snapshot._worker_pool import WorkerPool
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
-__all__ = ["Runtime"]
+__all__ = ["Runtime", "checkpoint_of", "shut_down_when_broken", "start_runtime"]
 
 
 class Runtime(Protocol):
@@ -68,3 +75,80 @@ class Runtime(Protocol):
 
     def shutdown(self, join_timeout_s: float) -> None:
         """Stop every process, bounded; idempotent."""
+
+
+def start_runtime(
+    datapipe: DataPipe,
+    num_workers: int,
+    multiprocessing_context: Optional[str],
+    prefetch: Tuple[int, int],
+    worker: WorkerOptions,
+    faults: FaultOptions,
+    isolate_rng: bool,
+    read_ahead: bool,
+) -> Tuple[Runtime, Outlet]:
+    """Run ``datapipe``: in worker processes (``num_workers > 0``; ``prefetch`` is the reading
+    service's ``(worker_prefetch_cnt, main_prefetch_cnt)``) or in this process; and the outlet,
+    the last DataPipe, that counts what the user receives from it."""
+    runtime: Runtime
+    if num_workers:
+        window = credit_window(num_workers, *prefetch)
+        ctx = mp.get_context(multiprocessing_context)
+        runtime = WorkerPool.start(datapipe, ctx, num_workers, worker, window, faults)
+    else:
+        runtime = InProcess(datapipe, worker.custom_init_fn, isolate_rng)
+    outlet = Outlet(runtime.end, runtime.positions)
+    outlet.verify = worker.restore.verify_replay
+    outlet.rng = runtime.rng
+    outlet.read_ahead = read_ahead
+    return runtime, outlet
+
+
+def checkpoint_of(
+    running: Optional[Tuple[Runtime, Outlet]],
+    num_workers: int,
+    graph: GraphIdentity,
+    epoch: int,
+    epoch_seed: Optional[dict],
+    sharding: Tuple[int, int],
+    elastic: Optional[ElasticEpoch],
+) -> Dict[str, Any]:
+    """The checkpoint at the user's position (``running``: the runtime and its outlet, ``None``
+    before the first epoch), as plain data: see :mod:`torchdata_snapshot._checkpoint`."""
+    if running is None or epoch < 0:
+        workers = (WorkerPosition(),) * num_workers
+        return Checkpoint(num_workers, graph, epoch=epoch, workers=workers, sharding=sharding).to_plain()
+    runtime, outlet = running
+    positions = outlet.positions
+    return Checkpoint(
+        num_workers=num_workers,
+        graph=graph,
+        epoch=epoch,
+        status="finished" if outlet.finished else "in_epoch",
+        seed=epoch_seed,
+        delivered=outlet.delivered,
+        replay_in_main=positions is None,
+        digest=None if positions is not None else outlet.digest,
+        workers=runtime.worker_positions(positions),
+        next_worker=0 if positions is None else positions.next_worker,
+        sharding=sharding,
+        remaining=() if elastic is None else tuple(level.taken for level in elastic.levels),
+    ).to_plain()
+
+
+def shut_down_when_broken(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A control operation of the reading service: if it left the processes in an unknown state
+    (a worker died, a wait timed out, Ctrl-C between a request and its answer), the service is
+    shut down before the exception propagates: no process outlives the failure, no later call
+    reads a stale answer. ``self`` has ``_broken()``, ``_finalized`` and ``finalize()``."""
+
+    @functools.wraps(method)
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            if self._broken() and not self._finalized:
+                self.finalize()
+            raise
+
+    return guarded
