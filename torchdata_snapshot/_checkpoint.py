@@ -214,8 +214,8 @@ class Checkpoint:
         if isinstance(state, (bytes, bytearray)):
             raise InvalidCheckpointError(
                 "the reading-service state is bytes, not the plain dict that "
-                "MultiProcessingReadingService.checkpoint() returns: it was not taken with "
-                "torchdata_snapshot (or was taken with upstream's reading service)"
+                "MultiProcessingReadingService.checkpoint() returns: it was taken with another "
+                "reading service (upstream's MultiProcessingReadingService has no mid-epoch state)"
             )
         if not isinstance(state, dict):
             raise InvalidCheckpointError(
@@ -223,12 +223,13 @@ class Checkpoint:
             )
         if state.get("format") != FORMAT:
             raise InvalidCheckpointError(
-                f"not a torchdata_snapshot checkpoint: format is {state.get('format')!r}, expected {FORMAT!r}"
+                f"not a checkpoint of this reading service: format is {state.get('format')!r}, "
+                f"expected {FORMAT!r}"
             )
         version = state.get("version")
         if not _is_int(version) or version not in _READABLE_KEYS:
             raise InvalidCheckpointError(
-                f"the checkpoint has format version {version!r}; this torchdata_snapshot reads versions "
+                f"the checkpoint has format version {version!r}; this reading service reads versions "
                 f"{', '.join(map(str, sorted(_READABLE_KEYS)))}"
             )
         keys = _READABLE_KEYS[version]

@@ -61,7 +61,7 @@ ELASTIC_AFTER_SHARDING: Tuple[type, ...] = (
 
 #: The class attribute in which :func:`register_elastic` records a declaration: the class it
 #: was made for, so that a subclass, which inherits the attribute, is not taken as declared.
-_DECLARED_ELASTIC = "_torchdata_snapshot_elastic"
+_DECLARED_ELASTIC = "_dataloader2_elastic"
 
 _DataPipeType = TypeVar("_DataPipeType", bound=type)
 
@@ -140,7 +140,8 @@ def resume_levels(state: Checkpoint, datapipe: DataPipe) -> Tuple[Level, ...]:
         reason = (
             _why_replayed_in_main(state, datapipe)
             if state.replay_in_main
-            else "it was taken by a version of torchdata_snapshot that did not record sharding positions"
+            else "it was taken by an older version of this reading service, which did not record "
+            "sharding positions"
         )
         raise IncompatibleCheckpointError(f"the checkpoint cannot resume elastically: {reason}")
     world_size, _ = state.sharding
@@ -244,6 +245,6 @@ def _own_state(state_dict: Any) -> Tuple[Dict[str, Any], Callable[[Dict[str, Any
 
                 return states[found[0]], put_back
     raise InvalidCheckpointError(
-        "not a DataLoader2.state_dict() holding the state of torchdata_snapshot's reading service "
+        "not a DataLoader2.state_dict() holding the state of this reading service "
         "(directly, or inside SequentialReadingService's)"
     )

@@ -1,4 +1,4 @@
-"""The exceptions raised by torchdata_snapshot, in one place.
+"""The exceptions the reading service raises, in one place.
 
 The hierarchy is small on purpose, so that a training loop can tell apart the two
 questions that matter on a bad day: "did a process fail?" and "does this checkpoint fit?"
@@ -42,7 +42,7 @@ __all__ = [
 
 
 class ReadingServiceError(RuntimeError):
-    """Base class of every exception raised by torchdata_snapshot itself."""
+    """Base class of every exception the reading service raises itself."""
 
 
 class WorkerError(ReadingServiceError):

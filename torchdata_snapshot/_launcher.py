@@ -76,7 +76,7 @@ class ProcessLauncher:
                 self.options.batching,
                 self.options.custom_reset_fn,
             ),
-            name="torchdata_snapshot dispatcher",
+            name="DataLoader2 dispatcher",
             daemon=True,
         )
         process.start()
@@ -122,7 +122,7 @@ class ProcessLauncher:
             self._state_functions,
         )
         process = self.ctx.Process(
-            target=run_worker, args=args, name=f"torchdata_snapshot worker {worker_id}", daemon=True
+            target=run_worker, args=args, name=f"DataLoader2 worker {worker_id}", daemon=True
         )
         process.start()
         self.workers[worker_id] = process

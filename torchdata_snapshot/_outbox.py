@@ -61,7 +61,7 @@ class Outbox:
         self._sent = 0
         self._batches = 0
         self.broken: Optional[BaseException] = None  # set when the parent is gone or the thread failed
-        self._thread = threading.Thread(target=self._run, name="torchdata_snapshot outbox", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="DataLoader2 worker outbox", daemon=True)
         self._thread.start()
 
     # --- producer side --------------------------------------------------------------------------

@@ -31,7 +31,7 @@ __all__ = [
 #: The class attribute in which :func:`register_state_functions` records the functions: a
 #: :class:`StateFunctions` naming the class it was made for, so that a subclass, which inherits
 #: the attribute, is not taken as registered.
-_REGISTERED = "_torchdata_snapshot_state_functions"
+_REGISTERED = "_dataloader2_state_functions"
 
 
 @dataclass(frozen=True)

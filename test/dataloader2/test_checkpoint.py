@@ -115,13 +115,13 @@ def corrupt(edit: Callable[[Dict[str, Any]], Any], keep_checksum: bool = False) 
     [
         (b"\x80\x04...", "is bytes, not the plain dict"),
         ([1, 2], "must be a dict, got list"),
-        (corrupt(lambda s: s.update(format="something else")), "not a torchdata_snapshot checkpoint"),
+        (corrupt(lambda s: s.update(format="something else")), "not a checkpoint of this reading service"),
         (
             corrupt(lambda s: s.update(version=5)),
-            "format version 5; this torchdata_snapshot reads versions 1, 2, 3, 4",
+            "format version 5; this reading service reads versions 1, 2, 3, 4",
         ),
-        (corrupt(lambda s: s.update(version=[1])), "format version \\[1\\]; this torchdata_snapshot"),
-        (corrupt(lambda s: s.update(version=True)), "format version True; this torchdata_snapshot"),
+        (corrupt(lambda s: s.update(version=[1])), "format version \\[1\\]; this reading service"),
+        (corrupt(lambda s: s.update(version=True)), "format version True; this reading service"),
         (corrupt(lambda s: s.pop("workers")), "truncated: missing workers"),
         (corrupt(lambda s: s.pop("checksum")), "truncated: missing checksum"),
         (corrupt(lambda s: s.update(extra=1)), "unknown fields: extra"),

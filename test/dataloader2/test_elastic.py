@@ -268,7 +268,7 @@ def test_gather_elastic_state_refuses_what_is_not_a_state_dict_of_ours() -> None
     for not_ours in ({}, {"reading_service_state": b"upstream's bytes"}):
         with pytest.raises(InvalidCheckpointError, match="not a DataLoader2.state_dict"):
             gather_elastic_state(not_ours)
-    with pytest.raises(InvalidCheckpointError, match="not a torchdata_snapshot checkpoint"):
+    with pytest.raises(InvalidCheckpointError, match="not a checkpoint of this reading service"):
         gather_elastic_state({"reading_service_state": {"a": 1}})
 
 
