@@ -14,8 +14,6 @@ from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
 from torchdata.datapipes.iter import IterableWrapper
 
-from torchdata_snapshot import register_elastic
-
 #: Start method of the tests that do not choose one (``pytest --mp-context spawn`` sets it).
 CONTEXT = os.environ.get("TORCHDATA_SNAPSHOT_TEST_CONTEXT", "fork")
 
@@ -97,15 +95,6 @@ class SwappedPairs(MapperIterDataPipe):
                 held.append(x)
         for x in held:
             yield self.fn(x)
-
-
-@register_elastic
-class ElasticDoubling(MapperIterDataPipe):
-    """``map(double)`` as a subclass of upstream's ``Mapper``: one item per item, holding none,
-    declared elastic where it is defined (a restored graph that holds it imports this module)."""
-
-    def __init__(self, source: IterDataPipe) -> None:
-        super().__init__(source, double)
 
 
 class CountingWithState(IterDataPipe):
@@ -226,6 +215,8 @@ def _filtering_tail(n: int) -> IterDataPipe:
 
 @_register("declared_elastic_subclass")
 def _declared_elastic(n: int) -> IterDataPipe:
+    from elastic_pipelines import ElasticDoubling
+
     return ElasticDoubling(IterableWrapper(range(n)).shuffle().sharding_filter())
 
 

@@ -14,9 +14,10 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 from contract import Config, Resumer, ResumeTask, encode_state, reference, take_states
+from elastic_pipelines import ElasticDoubling
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pipelines import ElasticDoubling, double, kill_once_at_reset, moved_onto, pipeline, rs, take, tiny
+from pipelines import double, kill_once_at_reset, moved_onto, pipeline, rs, take, tiny
 from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
 
