@@ -31,11 +31,15 @@ RESUME_TIMEOUT_S = 180.0
 
 def _caches_loaded_state() -> bool:
     """torchdata >= 0.8's DataLoader2.state_dict() returns the loaded state until an iterator is
-    created; 0.7.1's asks the reading service, which is only restored by iter() (see the docs)."""
-    import torchdata
+    created; 0.7.1's asks the reading service, which is only restored by iter() (see the docs).
+    Probed on a DataLoader2 without a reading service (a source tree has no version)."""
+    from torchdata.dataloader2 import DataLoader2
+    from torchdata.datapipes.iter import IterableWrapper
 
-    major, minor = (int(part) for part in torchdata.__version__.split(".")[:2])
-    return (major, minor) >= (0, 8)
+    state = DataLoader2(IterableWrapper([0])).state_dict()
+    loaded = DataLoader2(IterableWrapper([0]))
+    loaded.load_state_dict(state)
+    return loaded.state_dict() is state
 
 
 DATALOADER2_CACHES_LOADED_STATE = _caches_loaded_state()
