@@ -1,0 +1,91 @@
+"""Resumable equivalents, on their own: each yields what its upstream DataPipe yields, and a new
+chain loaded with the states a chain reported after k items yields the rest, exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Sequence
+
+import pytest
+from torch.utils.data import IterDataPipe
+from torchdata.datapipes.iter import FileLister, IterableWrapper
+
+from torchdata_snapshot._equivalents import ADAPTERS, ResumableIterableWrapper
+
+Build = Callable[[Callable[[Sequence[Any]], IterDataPipe], Path], IterDataPipe]
+
+
+def _repeat_by_rest(x: int) -> List[int]:
+    return [x] * (x % 3)
+
+
+def _shuffled(source: Callable[[Sequence[Any]], IterDataPipe], _: Path) -> IterDataPipe:
+    return source(range(30)).shuffle(buffer_size=8).set_seed(7)
+
+
+#: Upstream type name -> the upstream DataPipe over ``source(items)`` leaves (a resumable wrapper
+#: or upstream's ``IterableWrapper``); ``tmp`` holds files for ``FileLister``.
+BUILDS: Dict[str, Build] = {
+    "ShufflerIterDataPipe": _shuffled,
+    "UnBatcherIterDataPipe": lambda source, _: source(range(12)).batch(5).unbatch(),
+    "FlatMapperIterDataPipe": lambda source, _: source(range(10)).flatmap(_repeat_by_rest),
+    "HeaderIterDataPipe": lambda source, _: source(range(30)).header(17),
+    "CyclerIterDataPipe": lambda source, _: source(range(7)).cycle(3),
+    "ConcaterIterDataPipe": lambda source, _: source(range(6)).concat(source(range(9))),
+    "MultiplexerIterDataPipe": lambda source, _: source(range(4)).mux(source(range(9))),
+    "FileListerIterDataPipe": lambda source, tmp: FileLister(source([str(tmp), str(tmp / "sub")])),
+}
+
+
+def _chain(build: Build, tmp: Path, resumable: bool) -> List[IterDataPipe]:
+    """``[leaves..., top]``: with ``resumable``, leaves and top are the resumable equivalents."""
+    leaves: List[IterDataPipe] = []
+
+    def source(items: Sequence[Any]) -> IterDataPipe:
+        leaf = ResumableIterableWrapper(items) if resumable else IterableWrapper(items)
+        leaves.append(leaf)
+        return leaf
+
+    top = build(source, tmp)
+    if resumable:
+        adapted = ADAPTERS[type(top)](top)
+        assert adapted is not None
+        top = adapted
+    return [*leaves, top]
+
+
+@pytest.fixture
+def tmp(tmp_path: Path) -> Path:
+    (tmp_path / "sub").mkdir()
+    for name in ("b.txt", "a.txt", "c.txt", "d.bin", "sub/e.txt", "sub/f.txt"):
+        (tmp_path / name).write_text(name)
+    return tmp_path
+
+
+def test_every_adapted_type_is_exercised() -> None:
+    assert set(BUILDS) | {"IterableWrapperIterDataPipe"} == {t.__name__ for t in ADAPTERS}
+
+
+@pytest.mark.parametrize("name", sorted(BUILDS))
+def test_the_equivalent_yields_what_upstream_yields(name: str, tmp: Path) -> None:
+    upstream = _chain(BUILDS[name], tmp, resumable=False)[-1]
+    assert list(_chain(BUILDS[name], tmp, resumable=True)[-1]) == list(upstream)
+
+
+@pytest.mark.parametrize("name", sorted(BUILDS))
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_loaded_states_resume_after_k_items(name: str, k: int, tmp: Path) -> None:
+    chain = _chain(BUILDS[name], tmp, resumable=True)
+    everything = list(_chain(BUILDS[name], tmp, resumable=True)[-1])
+    it = iter(chain[-1])
+    head = [next(it) for _ in range(k)]
+    states = [dp.state_dict() for dp in chain]  # type: ignore[attr-defined]
+    fresh = _chain(BUILDS[name], tmp, resumable=True)
+    for dp, state in zip(fresh, states):
+        dp.load_state_dict(state)  # type: ignore[attr-defined]
+    assert head + list(fresh[-1]) == everything
+
+
+def test_a_malformed_state_is_refused_when_loaded() -> None:
+    with pytest.raises(ValueError, match="the state of ResumableIterableWrapper must have the fields"):
+        ResumableIterableWrapper(range(3)).load_state_dict({"nonsense": 1})
