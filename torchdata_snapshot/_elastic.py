@@ -82,7 +82,7 @@ def register_elastic(datapipe_type: _DataPipeType) -> _DataPipeType:
     if not (isinstance(datapipe_type, type) and issubclass(datapipe_type, IterDataPipe)):
         raise TypeError(f"register_elastic() takes an IterDataPipe class, got {datapipe_type!r:.200}")
     setattr(datapipe_type, _DECLARED_ELASTIC, datapipe_type)
-    return datapipe_type
+    return datapipe_type  # type: ignore[return-value, unused-ignore]  # (mypy 1.8 narrows the TypeVar away)
 
 
 def _is_elastic(datapipe: DataPipe) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence, Type, TypeVar
+from typing import Any, Callable, List, Optional, Sequence, Type, TypeVar, cast
 
 from torchdata_snapshot._constants import NO_EPOCH
 from torchdata_snapshot._errors import (
@@ -190,7 +190,7 @@ class WorkerLinks:
             for answer in answers:
                 if isinstance(answer, ErrorResponse):
                     answer.exc.reraise()
-            return answers
+            return cast(List[R], answers)  # (the error answers were raised above)
 
     def terminate(self, timeout_s: float) -> bool:
         """Ask every worker to stop and read up to its goodbye, within ``timeout_s`` in total (a

@@ -122,7 +122,8 @@ class Outlet(IterDataPipe):
 
     if TYPE_CHECKING:  # (at run time, ``_iter`` below, set out of torch's hook)
 
-        def __iter__(self) -> Iterator[Any]: ...
+        def __iter__(self) -> Iterator[Any]:
+            """``_iter`` (for type checkers only)."""
 
     def _iter(self) -> Iterator[Any]:
         """``__iter__`` (set below, out of torch's hook: the iterator checks its epoch itself).

@@ -236,7 +236,7 @@ class MultiProcessingReadingService(
 
     # --- checkpoint / restore -------------------------------------------------------------------
 
-    def checkpoint(self) -> Dict[str, Any]:
+    def checkpoint(self) -> Dict[str, Any]:  # type: ignore[override, unused-ignore]  # plain data, not bytes
         """The state ``DataLoader2.state_dict()`` stores: versioned plain data (see
         :mod:`torchdata_snapshot._checkpoint`).
 

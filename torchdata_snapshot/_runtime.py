@@ -64,11 +64,14 @@ class Runtime(Protocol):
     def worker_positions(self, positions: Optional[UserPositions]) -> Tuple[WorkerPosition, ...]:
         """What a checkpoint records of each worker's stream at the user's ``positions``."""
 
-    def pause(self, pause_fn: Optional[Callable]) -> None: ...
+    def pause(self, pause_fn: Optional[Callable]) -> None:
+        """``DataLoader2.pause``: stop the graph's processes, applying ``pause_fn`` in each."""
 
-    def resume(self, resume_fn: Optional[Callable]) -> None: ...
+    def resume(self, resume_fn: Optional[Callable]) -> None:
+        """``DataLoader2.resume``: the reverse of :meth:`pause`, with ``resume_fn``."""
 
-    def limit(self, num_batches: Optional[int], limit_fn: Callable) -> None: ...
+    def limit(self, num_batches: Optional[int], limit_fn: Callable) -> None:
+        """``DataLoader2.limit``: apply ``limit_fn`` (``num_batches``) where the graph runs."""
 
     def snapshot(self, outlet: Outlet, epoch: int, paused: bool) -> List[WorkerSnapshot]:
         """One snapshot per process running the graph, at one consistent point."""

@@ -139,7 +139,7 @@ class WorkerPool:
         if dispatching_dp is not None:
             # The non-replicable part runs once, in the dispatching process; a placeholder
             # stands in the workers' graph where it was (replaced by DispatchedSource there).
-            graph = replace_dp(graph, dispatching_dp, DispatchPlaceholder())
+            graph = replace_dp(graph, dispatching_dp, DispatchPlaceholder())  # type: ignore[abstract, unused-ignore]
             datapipe = list(graph.values())[0][0]
         replicable_dps = find_replicable_branches(graph)
         if len(replicable_dps) != 1:
