@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, cast
 
 import torch
 from torch.utils.data import IterDataPipe
@@ -373,4 +373,4 @@ class DispatchedSource(IterDataPipe):
 
 
 def find_dispatched_sources(datapipe: DataPipe) -> List[DispatchedSource]:
-    return find_dps(traverse_dps(datapipe), DispatchedSource)
+    return cast(List[DispatchedSource], find_dps(traverse_dps(datapipe), DispatchedSource))

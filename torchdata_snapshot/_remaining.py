@@ -19,8 +19,9 @@ this is exact is the subject of :mod:`torchdata_snapshot._elastic`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple, cast
 
+from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
 from torchdata.dataloader2.graph import DataPipe, find_dps, list_dps, traverse_dps
 
@@ -78,7 +79,7 @@ class Remaining(Resumable):
 
     STATE = {"index": int}
 
-    def __init__(self, source: DataPipe, levels: Sequence[Level]) -> None:
+    def __init__(self, source: IterDataPipe, levels: Sequence[Level]) -> None:
         self.source = source
         self.levels = tuple(levels)
         self._index = 0
@@ -104,7 +105,7 @@ class Remaining(Resumable):
 def sharding_point(datapipe: DataPipe) -> Optional[ShardingFilterIterDataPipe]:
     """The graph's one sharding filter, or ``None`` if it has none or several."""
     found = find_dps(traverse_dps(datapipe), ShardingFilterIterDataPipe)
-    return found[0] if len(found) == 1 else None
+    return cast(ShardingFilterIterDataPipe, found[0]) if len(found) == 1 else None
 
 
 def set_remaining(sf: ShardingFilterIterDataPipe, levels: Sequence[Level]) -> None:
