@@ -6,7 +6,7 @@ EXTRAS="test,lint" "$root/scripts/setup_env.sh" >/dev/null
 bin="${VENV:-$root/.venv}/bin"
 cd "$root"
 dirs=()
-for d in torchdata_snapshot test benchmarks examples docs; do
+for d in torchdata_snapshot test benchmarks examples docs tools; do
   [ -d "$d" ] && dirs+=("$d")
 done
 "$bin/ruff" check "${dirs[@]}"

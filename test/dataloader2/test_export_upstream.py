@@ -1,39 +1,67 @@
-"""export_upstream: the patch series on a torchdata checkout (docs/maintainers.rst).
+"""tools/export_upstream: the upstream patch series on a torchdata checkout (docs/maintainers.rst).
 
 CI cannot reach torchdata's repository, so the checkout here is a git repository built from the
-installed torchdata's package files plus the few top-level files a checkout has; each test
-works on a clone of it. The real checkouts (v0.7.1, v0.8.0, v0.9.0) are exercised by hand.
+installed torchdata's package files plus the few top-level files a checkout has (the real
+v0.7.1, v0.8.0 and v0.9.0 checkouts, with upstream's own tests and linters, are checked with
+``python tools/export_upstream PATH --check``; see the maintainers page). The series is made
+once per test session; the refusals work on clones of the checkout.
+
+The series is formatted as upstream's pre-commit formats it, so the pinned tools must exist:
+``scripts/test.sh`` makes them (``scripts/setup_upstream_tools.sh``). Making the series takes
+minutes: the tests that need it are marked ``upstream_series``, which the default run leaves
+out and CI runs (``scripts/test.sh -m upstream_series``, see ``.ci/run``).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict
+from types import ModuleType
+from typing import Dict, Iterator, List
 
 import pytest
 import torchdata
 
-from torchdata_snapshot import export_upstream
-from torchdata_snapshot.export_upstream import SERIES, ExportError, check_series, export
-
+REPO = Path(__file__).resolve().parents[2]
+TOOL = REPO / "tools" / "export_upstream"
+TOOLS_BIN = Path(os.environ.get("UPSTREAM_TOOLS", REPO / ".venv-upstream-lint" / "bin"))
 TAG = "v" + torchdata.__version__.split("+")[0]
+IDENTITY = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
+}
+
+
+def tool(name: str) -> ModuleType:
+    """A module of the tool (it is a folder of modules run as a script, not a package)."""
+    if str(TOOL) not in sys.path:
+        sys.path.insert(0, str(TOOL))
+    return importlib.import_module(name)
 
 
 def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True)
-    return done.stdout.strip()
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
 
 
-IDENTITY = {
-    "GIT_AUTHOR_NAME": "test",
-    "GIT_AUTHOR_EMAIL": "t@t",
-    "GIT_COMMITTER_NAME": "test",
-    "GIT_COMMITTER_EMAIL": "t@t",
-}
+def run_tool(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-W", "ignore", str(TOOL), *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def tools_bin() -> Path:
+    missing = [name for name in ("ufmt", "pyupgrade", "flake8") if not (TOOLS_BIN / name).is_file()]
+    assert not missing, (
+        f"{missing} not in {TOOLS_BIN}: run scripts/setup_upstream_tools.sh (scripts/test.sh does)"
+    )
+    return TOOLS_BIN
 
 
 @pytest.fixture(scope="module")
@@ -41,42 +69,52 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A torchdata 'checkout' at the installed version: its package, version.txt, docs, tests."""
     repo = tmp_path_factory.mktemp("torchdata")
     shutil.copytree(
-        Path(torchdata.__file__).parent, repo / "torchdata", ignore=shutil.ignore_patterns("__pycache__")
+        Path(torchdata.__file__).parent,
+        repo / "torchdata",
+        ignore=shutil.ignore_patterns("__pycache__", "version.py"),
     )
     (repo / "version.txt").write_text(TAG[1:] + "\n")
     (repo / "docs" / "source").mkdir(parents=True)
     (repo / "docs" / "source" / "index.rst").write_text(
         ".. toctree::\n\n   dataloader2.rst\n   reading_service.rst\n"
     )
+    (repo / "docs" / "source" / "dataloader2.rst").write_text("DataLoader2\n===========\n")
     (repo / "test" / "dataloader2").mkdir(parents=True)
+    (repo / "test" / "requirements.txt").write_text("pytest\nexpecttest\npsutil\n")
     (repo / "test" / "dataloader2" / "test_mprs.py").write_text("# upstream's tests live here\n")
+    (repo / ".gitignore").write_text("*.so\n")
+    # The formatters' settings a checkout has (black at 120 columns, usort's first-party rule).
+    (repo / "pyproject.toml").write_text(
+        "[tool.usort]\nfirst_party_detection = false\n\n"
+        '[tool.black]\nline-length = 120\ntarget-version = ["py39"]\n'
+    )
     env = {**os.environ, **IDENTITY}
     for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "torchdata"], ["tag", TAG]):
         subprocess.run(["git", *command], cwd=repo, check=True, env=env, capture_output=True)
     return repo
 
 
+def _clone(upstream: Path, into: Path) -> Path:
+    subprocess.run(["git", "clone", "-q", str(upstream), str(into)], check=True)
+    for key, value in (("user.name", "t"), ("user.email", "t@t")):
+        git(into, "config", key, value)
+    for so in (upstream / "torchdata").glob("*.so"):  # the compiled part, not tracked
+        shutil.copy(so, into / "torchdata" / so.name)
+    return into
+
+
+@pytest.fixture(scope="module")
+def series(upstream: Path, tools_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The series, made once by the command line on a clone of the checkout."""
+    checkout = _clone(upstream, tmp_path_factory.mktemp("series") / "torchdata")
+    done = run_tool(str(checkout), "--branch", "series", "--tools", str(tools_bin))
+    assert done.returncode == 0, done.stderr[-3000:]
+    yield checkout
+
+
 @pytest.fixture
 def checkout(upstream: Path, tmp_path: Path) -> Path:
-    clone = tmp_path / "torchdata"
-    subprocess.run(["git", "clone", "-q", str(upstream), str(clone)], check=True)
-    subprocess.run(["git", "checkout", "-q", TAG], cwd=clone, check=True)
-    for key, value in (("user.name", "test"), ("user.email", "t@t")):
-        git(clone, "config", key, value)
-    return clone
-
-
-def run_in(repo: Path, code: str) -> subprocess.CompletedProcess:
-    """Run Python in a process that imports torchdata from ``repo`` (before site-packages)."""
-    env = {**os.environ, "PYTHONPATH": str(repo)}
-    return subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", code],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return _clone(upstream, tmp_path / "torchdata")
 
 
 def state(repo: Path) -> Dict[str, str]:
@@ -88,57 +126,95 @@ def state(repo: Path) -> Dict[str, str]:
     }
 
 
-def test_the_series_places_every_module_once_after_what_it_imports() -> None:
-    check_series()
+def test_the_manifest_places_every_module_once_after_what_it_imports() -> None:
+    manifest = tool("manifest")
+    manifest.check(manifest.load())
 
 
-def test_the_branch_holds_one_commit_per_concern_then_the_switch_and_the_docs(checkout: Path) -> None:
-    commits = export(checkout)
-    assert git(checkout, "rev-parse", "--abbrev-ref", "HEAD") == "mprs-snapshot"
-    assert len(commits) == len(SERIES) + 2
-    subjects = git(checkout, "log", "--reverse", "--format=%s", f"{TAG}..mprs-snapshot").splitlines()
-    assert subjects[: len(SERIES)] == [commit.title for commit in SERIES]
-    assert subjects[-2].startswith("[DataLoader2] Make the checkpointable") and subjects[-1].startswith(
-        "[Docs]"
+def test_the_manifest_refuses_a_module_exported_before_what_it_imports() -> None:
+    manifest = tool("manifest")
+    loaded = manifest.load()
+    worker = next(commit for commit in loaded.commits if "_worker" in commit.modules)
+    early = (worker, *(commit for commit in loaded.commits if commit is not worker))
+    with pytest.raises(tool("errors").ManifestError, match="_worker .* imports .*exported later"):
+        manifest.check(type(loaded)(**{**loaded.__dict__, "commits": early}))
+
+
+@pytest.mark.upstream_series
+def test_the_series_has_the_shape_a_reviewer_asked_for(series: Path) -> None:
+    check = tool("check")
+    report = check.Report()
+    check.check_shape(series, TAG, "series", tool("manifest").load().max_changed_lines, report)
+    assert report.problems == []
+    subjects = git(series, "log", "--reverse", "--format=%s", f"{TAG}..series").splitlines()
+    assert subjects[0].startswith("[DataLoader2] Add GetStateRequest/GetStateResponse")
+    assert subjects[-1].startswith("[Docs]")
+    changed = git(series, "diff", "--name-only", f"{TAG}..series").splitlines()
+    assert "test/dataloader2/test_mprs.py" not in changed, "upstream's own tests are left alone"
+    assert "hypothesis" in (series / "test" / "requirements.txt").read_text().split()
+
+
+@pytest.mark.upstream_series
+def test_every_commit_imports_on_its_own(series: Path) -> None:
+    check = tool("check")
+    report = check.Report()
+    check.check_imports(series, TAG, "series", sys.executable, report)
+    assert report.problems == []
+
+
+@pytest.mark.upstream_series
+def test_the_series_passes_upstreams_formatters_and_flake8(series: Path, tools_bin: Path) -> None:
+    files = [
+        p
+        for p in git(series, "diff", "--name-only", "--diff-filter=AM", f"{TAG}..series").splitlines()
+        if p.endswith(".py")
+    ]
+    git(series, "checkout", "-q", "series")
+    assert subprocess.run([str(tools_bin / "ufmt"), "check", *files], cwd=series).returncode == 0
+    flake8 = subprocess.run(
+        [str(tools_bin / "flake8"), *tool("check").FLAKE8_DEFAULTS, *files],
+        cwd=series,
+        capture_output=True,
+        text=True,
     )
-    body = git(checkout, "log", "-1", "--format=%b", commits[0])
-    assert f"on torchdata {TAG[1:]}" in body, "every message names the torchdata it was made on"
-    added = git(checkout, "diff", "--name-only", f"{TAG}..mprs-snapshot").splitlines()
-    assert all(
-        path.startswith(("torchdata/dataloader2/", "test/dataloader2/snapshot/", "docs/source/"))
-        for path in added
+    assert flake8.returncode == 0, flake8.stdout[-3000:]
+    upgraded = subprocess.run(
+        [str(tools_bin / "pyupgrade"), "--py37-plus", *files], cwd=series, capture_output=True
     )
-    assert "test/dataloader2/test_mprs.py" not in added, "upstream's own tests are left alone"
-    assert not any("torchdata_snapshot" in path for path in added), "no new top-level package"
+    assert upgraded.returncode == 0 and git(series, "status", "--porcelain") == "", (
+        "pyupgrade has nothing left to do"
+    )
 
 
-def test_every_commit_imports_on_its_own(checkout: Path) -> None:
-    commits = export(checkout)
-    for sha in commits[: len(SERIES)]:
-        git(checkout, "checkout", "-q", sha)
-        modules = [
-            path[: -len(".py")].replace("/", ".")
-            for path in git(checkout, "diff-tree", "--no-commit-id", "--name-only", "-r", sha).splitlines()
-            if path.startswith("torchdata/") and path.endswith(".py")
-        ]
-        done = run_in(
-            checkout, "import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
-        )
-        assert done.returncode == 0, f"{git(checkout, 'log', '-1', '--format=%s', sha)}:\n{done.stderr}"
-    git(checkout, "checkout", "-q", "mprs-snapshot")
-    for path in [*checkout.glob("torchdata/**/*.py"), *checkout.glob("test/dataloader2/snapshot/*.py")]:
-        text = path.read_text()
-        assert "import torchdata_snapshot" not in text and "from torchdata_snapshot" not in text, path
+@pytest.mark.upstream_series
+def test_messages_worker_and_reading_service_change_in_place(series: Path) -> None:
+    git(series, "checkout", "-q", "series")
+    messages = (series / "torchdata/dataloader2/communication/messages.py").read_text()
+    assert messages.count("class PauseRequest(") == 1 and "class GetStateRequest(" in messages
+    assert "class WorkerLoop(" in (series / "torchdata/dataloader2/utils/worker.py").read_text()
+    code = (
+        "import torchdata.dataloader2 as d, torchdata.dataloader2.reading_service as r\n"
+        "assert d.MultiProcessingReadingService is r.MultiProcessingReadingService\n"
+        "from torchdata.dataloader2.communication import messages as m\n"
+        "assert m.PauseRequest(None).pause_fn is None and m.GetNextRequest().epoch is None\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code],
+        cwd=series,
+        env={**os.environ, "PYTHONPATH": str(series)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
-def test_the_exported_tree_runs_dataloader2_with_the_checkpointable_service(checkout: Path) -> None:
-    export(checkout)
-    module = "torchdata.dataloader2.snapshot_reading_service"
-    done = run_in(
-        checkout,
+@pytest.mark.upstream_series
+def test_the_exported_tree_resumes_mid_epoch(series: Path) -> None:
+    git(series, "checkout", "-q", "series")
+    code = (
         "import torchdata.dataloader2 as d, torchdata\n"
-        f"assert torchdata.__file__.startswith({str(checkout)!r})\n"
-        f"assert d.MultiProcessingReadingService.__module__ == {module!r}\n"
+        f"assert torchdata.__file__.startswith({str(series)!r})\n"
         "from torchdata.datapipes.iter import IterableWrapper\n"
         "rs = d.MultiProcessingReadingService(num_workers=2, multiprocessing_context='fork')\n"
         "dl = d.DataLoader2(IterableWrapper(range(20)).sharding_filter(), reading_service=rs)\n"
@@ -146,81 +222,140 @@ def test_the_exported_tree_runs_dataloader2_with_the_checkpointable_service(chec
         "dl.shutdown()\n"
         "again = d.DataLoader2.from_state(state, d.MultiProcessingReadingService(num_workers=2))\n"
         "assert list(again) == rest, 'resumed exactly'\n"
-        "again.shutdown()\n",
+        "again.shutdown()\n"
     )
-    assert done.returncode == 0, done.stderr
-
-
-def test_a_slice_of_the_exported_tests_passes_in_the_exported_tree(checkout: Path) -> None:
-    export(checkout)
-    tests = checkout / "test" / "dataloader2" / "snapshot"
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
     done = subprocess.run(
-        [
-            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore",
-            "test_messages.py", "test_checkpoint.py", "test_stateful.py", "test_upstream_semantics.py",
-        ],
-        cwd=tests, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [sys.executable, "-W", "ignore", "-c", code],
+        cwd=series,
+        env={**os.environ, "PYTHONPATH": str(series)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+#: What runs where: upstream's and the series' whole test/dataloader2 at the first and middle
+#: commits; at the tip, the reading service's own tests and upstream's semantics (the rest is
+#: this repository's suite, which CI ran just before).
+AT_COMMIT = {
+    "first": ["test/dataloader2"],
+    "middle": ["test/dataloader2"],
+    "tip": [
+        "test/dataloader2/test_mprs.py",
+        "test/dataloader2/snapshot/test_reading_service.py",
+        "test/dataloader2/snapshot/test_upstream_semantics.py",
+        "test/dataloader2/snapshot/test_restore.py",
+    ],
+}
+
+
+@pytest.mark.upstream_series
+@pytest.mark.parametrize("where", sorted(AT_COMMIT))
+def test_the_tests_pass_in_the_exported_tree(series: Path, where: str) -> None:
+    commits = git(series, "rev-list", "--reverse", f"{TAG}..series").split()
+    sha = {"first": commits[0], "middle": commits[len(commits) // 2], "tip": commits[-1]}[where]
+    git(series, "checkout", "-q", sha)
+    try:
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "ignore",
+            *AT_COMMIT[where],
+        ]
+        env = {**os.environ, "PYTHONPATH": str(series)}
+        done = subprocess.run(command, cwd=series, env=env, capture_output=True, text=True, timeout=1200)
+    finally:
+        git(series, "checkout", "-q", "series")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert " passed" in done.stdout and "failed" not in done.stdout
+    assert " passed" in done.stdout
+
+
+@pytest.mark.upstream_series
+def test_the_pull_request_description_lists_the_commits(series: Path) -> None:
+    text = (series.parent / "PR.md").read_text()
+    count = len(git(series, "rev-list", f"{TAG}..series").split())
+    assert f"{count} commits" in text and "release/0.9" in text and "#1039" in text
+    assert "{{" not in text, "every placeholder is filled"
+    assert "torchdata_snapshot" not in text
 
 
 def test_the_command_line_refuses_with_a_message_and_exit_code_2(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-m", "torchdata_snapshot.export_upstream", str(tmp_path)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = run_tool(str(tmp_path), timeout=120)
     assert done.returncode == 2
     assert "is not a torchdata checkout" in done.stderr
 
 
-def test_the_command_line_exports(checkout: Path) -> None:
-    command = ["-m", "torchdata_snapshot.export_upstream", str(checkout), "--branch", "series"]
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore", *command], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr
-    assert f"branch series of {checkout}: {len(SERIES) + 2} commits" in done.stdout
-
-
 @pytest.mark.parametrize(
-    "prepare, match",
+    "prepare, error, match",
     [
-        (lambda repo: shutil.rmtree(repo / "torchdata" / "dataloader2"), "is not a torchdata checkout"),
-        (lambda repo: shutil.rmtree(repo / ".git"), "is not a git checkout"),
-        (lambda repo: (repo / "version.txt").write_text("0.6.0\n"), "0.6.0 is not supported"),
-        (lambda repo: (repo / "torchdata" / "__init__.py").write_text("# edited\n"), "is not clean"),
-        (lambda repo: git(repo, "branch", "mprs-snapshot"), "already has a branch 'mprs-snapshot'"),
+        (
+            lambda repo: shutil.rmtree(repo / "torchdata" / "dataloader2"),
+            "NotACheckoutError",
+            "is not a torchdata checkout",
+        ),
+        (lambda repo: shutil.rmtree(repo / ".git"), "NotACheckoutError", "is not a git checkout"),
+        (
+            lambda repo: (repo / "version.txt").write_text("0.6.0\n"),
+            "UnsupportedVersionError",
+            "0.6.0 is not supported",
+        ),
+        (
+            lambda repo: (repo / "torchdata" / "__init__.py").write_text("# edited\n"),
+            "DirtyCheckoutError",
+            "is not clean",
+        ),
+        (
+            lambda repo: git(repo, "branch", "mprs-snapshot"),
+            "DirtyCheckoutError",
+            "already has a branch 'mprs-snapshot'",
+        ),
     ],
     ids=["not-torchdata", "not-git", "version", "dirty", "branch-exists"],
 )
-def test_refusals_change_nothing(checkout: Path, prepare: object, match: str) -> None:
+def test_refusals_are_typed_and_change_nothing(
+    checkout: Path, tools_bin: Path, prepare: object, error: str, match: str
+) -> None:
     prepare(checkout)  # type: ignore[operator]
     if (checkout / "version.txt").read_text().startswith("0.6.0"):
         git(checkout, "commit", "-q", "-am", "another version")
     before = state(checkout) if (checkout / ".git").exists() else None
-    with pytest.raises(ExportError, match=match):
-        export(checkout)
+    with pytest.raises(getattr(tool("errors"), error), match=match):
+        tool("series").export(checkout, tools=tools_bin)
     if before is not None:
         assert state(checkout) == before
 
 
-def test_a_failure_half_way_puts_the_checkout_back(checkout: Path) -> None:
-    init = checkout / "torchdata" / "dataloader2" / "__init__.py"
-    init.write_text(
-        init.read_text().replace("from torchdata.dataloader2.shuffle_spec import ShuffleSpec\n", "")
-    )
-    git(checkout, "commit", "-q", "-am", "an __init__ the switch commit cannot edit")
+def test_a_failure_half_way_puts_the_checkout_back(checkout: Path, tools_bin: Path) -> None:
+    # A file the third commit adds exists already: two commits are made, then the export fails.
+    (checkout / "torchdata" / "dataloader2" / "communication" / "channel.py").write_text("# upstream's own\n")
+    git(checkout, "add", "-A")
+    git(checkout, "commit", "-q", "-m", "a channel.py of upstream's")
     before = state(checkout)
-    with pytest.raises(ExportError, match="does not import ShuffleSpec"):
-        export(checkout)
+    with pytest.raises(tool("errors").UpstreamLayoutError, match="communication/channel.py exists already"):
+        tool("series").export(checkout, tools=tools_bin)
     assert state(checkout) == before, "no branch left behind, same HEAD, clean tree"
 
 
-def test_it_refuses_to_run_without_this_repositorys_tests(
-    monkeypatch: pytest.MonkeyPatch, checkout: Path, tmp_path: Path
-) -> None:
-    monkeypatch.setattr(export_upstream, "TESTS_DIR", tmp_path / "nowhere")
-    with pytest.raises(ExportError, match="from a clone of the torchdata_snapshot repository"):
-        export(checkout)
+def test_without_the_formatters_nothing_changes(checkout: Path, tmp_path: Path) -> None:
+    before = state(checkout)
+    with pytest.raises(tool("errors").ToolMissingError, match="requirements-upstream-lint.txt"):
+        tool("series").export(checkout, tools=tmp_path)
+    assert state(checkout) == before
+
+
+def test_test_files_are_cut_into_cumulative_slices() -> None:
+    rewrite = tool("rewrite")
+    source = "import os\n\n\ndef helper():\n    pass\n\n\n" + "".join(
+        f"def test_{i}():\n    assert True\n\n\n" for i in range(6)
+    )
+    slices: List[str] = rewrite.test_slices(source, 3)
+    assert len(slices) == 3 and slices[-1].rstrip() == source.rstrip()
+    assert all(s.startswith("import os") for s in slices), "every slice has the header"
+    counts = [s.count("def test_") for s in slices]
+    assert counts == sorted(counts) and counts[0] >= 1 and counts[-1] == 6

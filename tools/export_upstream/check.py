@@ -1,0 +1,202 @@
+"""Check a series as upstream's reviewers and CI would: its shape (count, size, tests in every
+commit, no trace of the add-on), upstream's pinned linters on what it changes, every changed
+module importable at every commit, and upstream's ``test/dataloader2`` at chosen commits."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from manifest import PACKAGE
+from series import _git
+
+#: Files the series must change in place (the RFC's messages, worker loop and reading service).
+IN_PLACE = (
+    "torchdata/dataloader2/communication/messages.py",
+    "torchdata/dataloader2/utils/worker.py",
+    "torchdata/dataloader2/reading_service.py",
+)
+MIN_COMMITS = 15
+
+#: Upstream's flake8 settings (its .flake8), for a checkout that lacks the file.
+FLAKE8_DEFAULTS = [
+    "--max-line-length=120",
+    "--ignore=E203,E402,E501,F821,W503,W504",
+    "--per-file-ignores=test/*:F401",
+]
+
+
+@dataclass
+class Report:
+    problems: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+
+    def fail(self, message: str) -> None:
+        self.problems.append(message)
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+
+
+def commits_of(checkout: Path, base: str, branch: str) -> List[str]:
+    return _git(checkout, "rev-list", "--reverse", f"{base}..{branch}").split()
+
+
+def changed_lines(checkout: Path, sha: str) -> int:
+    total = 0
+    for line in _git(checkout, "diff", "--numstat", f"{sha}^", sha).splitlines():
+        added, deleted, _ = line.split("\t", 2)
+        total += int(added) + int(deleted) if added != "-" else 0
+    return total
+
+
+def check_shape(checkout: Path, base: str, branch: str, max_lines: int, report: Report) -> None:
+    commits = commits_of(checkout, base, branch)
+    if len(commits) < MIN_COMMITS:
+        report.fail(f"{len(commits)} commits, fewer than {MIN_COMMITS}")
+    for sha in commits:
+        title = _git(checkout, "log", "-1", "--format=%s", sha)
+        size = changed_lines(checkout, sha)
+        if size > max_lines:
+            report.fail(f"{title}: {size} changed lines, more than {max_lines}")
+        paths = _git(checkout, "diff", "--name-only", f"{sha}^", sha).splitlines()
+        if any(p.startswith("torchdata/") for p in paths) and not any(p.startswith("test/") for p in paths):
+            report.fail(f"{title}: changes torchdata/ without a test")
+    diff = _git(checkout, "diff", f"{base}..{branch}")
+    messages = _git(checkout, "log", "--format=%B", f"{base}..{branch}")
+    for trace in (PACKAGE, PACKAGE.upper()):
+        if re.search(trace, diff, re.I) or re.search(trace, messages, re.I):
+            report.fail(f"{trace!r} appears in the diff or the commit messages")
+    changed = set(_git(checkout, "diff", "--name-only", f"{base}..{branch}").splitlines())
+    for path in IN_PLACE:
+        if path not in changed:
+            report.fail(f"{path} is not changed in place")
+    classes = _git(
+        checkout, "grep", "-c", "^class MultiProcessingReadingService", branch, "--", "torchdata", check=False
+    )
+    if sum(int(line.rsplit(":", 1)[1]) for line in classes.splitlines() if line) != 1:
+        report.fail(f"not exactly one MultiProcessingReadingService class: {classes!r}")
+    report.note(
+        f"{len(commits)} commits, largest {max(changed_lines(checkout, c) for c in commits)} changed lines"
+    )
+
+
+def _run(
+    command: Sequence[str], cwd: Path, env: Optional[dict] = None, timeout: float = 3600
+) -> subprocess.CompletedProcess:
+    return subprocess.run(list(command), cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def check_lint(checkout: Path, base: str, branch: str, tools: Path, report: Report) -> None:
+    """ufmt and flake8 on the Python files the series changes; mypy with upstream's config,
+    counting only errors in those files (the base has its own, and a newer torch than
+    upstream's CI pinned needs ``--python-version 3.10`` to be parsed)."""
+    _git(checkout, "checkout", "-q", branch)
+    files = [
+        p
+        for p in _git(checkout, "diff", "--name-only", "--diff-filter=AM", f"{base}..{branch}").splitlines()
+        if p.endswith(".py")
+    ]
+    done = _run([str(tools / "ufmt"), "check", *files], checkout)
+    if done.returncode:
+        report.fail(f"ufmt check: {(done.stdout + done.stderr).strip()[-2000:]}")
+    flake8 = [str(tools / "flake8")] + ([] if (checkout / ".flake8").is_file() else FLAKE8_DEFAULTS)
+    done = _run([*flake8, *files], checkout)
+    if done.returncode:
+        report.fail(f"flake8: {done.stdout.strip()[-2000:]}")
+    if (checkout / "mypy.ini").is_file():
+        done = _run([str(tools / "mypy"), "--python-version", "3.10"], checkout)
+        ours = [
+            line for line in done.stdout.splitlines() if line.split(":", 1)[0] in files and ": error:" in line
+        ]
+        if ours:
+            report.fail("mypy: " + "\n".join(ours[:30]))
+        report.note(f"mypy: {len(ours)} errors in the series' files")
+
+
+def check_imports(checkout: Path, base: str, branch: str, python: str, report: Report) -> None:
+    """At every commit, every Python module of torchdata it changes imports in a fresh process."""
+    for sha in commits_of(checkout, base, branch):
+        _git(checkout, "checkout", "-q", sha)
+        paths = _git(checkout, "diff", "--name-only", "--diff-filter=AM", f"{sha}^", sha).splitlines()
+        modules = [
+            p[: -len(".py")].replace("/", ".").removesuffix(".__init__")
+            for p in paths
+            if p.startswith("torchdata/") and p.endswith(".py")
+        ]
+        if not modules:
+            continue
+        code = "import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in modules)
+        done = _run(
+            [python, "-W", "ignore", "-c", code],
+            checkout,
+            env={**os.environ, "PYTHONPATH": str(checkout)},
+            timeout=300,
+        )
+        if done.returncode:
+            title = _git(checkout, "log", "-1", "--format=%s", sha)
+            report.fail(f"{title}: import fails: {done.stderr.strip()[-1500:]}")
+    _git(checkout, "checkout", "-q", branch)
+
+
+def check_tests(
+    checkout: Path, base: str, branch: str, python: str, which: Sequence[str], report: Report
+) -> None:
+    """``pytest test/dataloader2`` at the ``first``, ``middle`` and ``tip`` commits (as asked)."""
+    commits = commits_of(checkout, base, branch)
+    chosen = {"first": commits[0], "middle": commits[len(commits) // 2], "tip": commits[-1]}
+    for name in which:
+        sha = chosen[name]
+        _git(checkout, "checkout", "-q", sha)
+        done = _run(
+            [python, "-m", "pytest", "test/dataloader2", "-q", "-p", "no:cacheprovider", "-W", "ignore"],
+            checkout,
+            env={**os.environ, "PYTHONPATH": str(checkout)},
+        )
+        summary = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
+        title = _git(checkout, "log", "-1", "--format=%s", sha)
+        if done.returncode:
+            report.fail(f"test/dataloader2 at the {name} commit ({title}): {summary}\n{done.stdout[-3000:]}")
+        else:
+            report.note(f"test/dataloader2 at the {name} commit ({title}): {summary}")
+    _git(checkout, "checkout", "-q", branch)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python tools/export_upstream/check.py", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("checkout", type=Path)
+    parser.add_argument("--base", required=True, help="the tag the series starts from, e.g. v0.9.0")
+    parser.add_argument("--branch", default="mprs-snapshot")
+    parser.add_argument("--tools", type=Path, help="folder with ufmt, flake8 and mypy as upstream pins them")
+    parser.add_argument(
+        "--tests", default="first,middle,tip", help="commits at which to run test/dataloader2 ('' for none)"
+    )
+    parser.add_argument("--max-lines", type=int, default=800)
+    args = parser.parse_args(argv)
+    checkout = args.checkout.resolve()
+    report = Report()
+    check_shape(checkout, args.base, args.branch, args.max_lines, report)
+    check_imports(checkout, args.base, args.branch, sys.executable, report)
+    if args.tools:
+        check_lint(checkout, args.base, args.branch, args.tools, report)
+    which = [w for w in args.tests.split(",") if w]
+    if which:
+        check_tests(checkout, args.base, args.branch, sys.executable, which, report)
+    for note in report.notes:
+        print(f"ok: {note}")
+    for problem in report.problems:
+        print(f"FAIL: {problem}")
+    return 1 if report.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""The series as data: ``series.toml`` says where each module of the package goes in torchdata's
+tree (a new file, or merged into the upstream file it changes) and which commit carries which
+modules and tests. This module reads it and checks it against the repository."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Set, Tuple
+
+from errors import ManifestError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - the repository's tooling runs on 3.11
+    import tomli as tomllib
+
+HERE = Path(__file__).resolve().parent
+REPO_DIR = HERE.parents[1]
+PACKAGE = "torchdata_snapshot"
+PACKAGE_DIR = REPO_DIR / PACKAGE
+TESTS_DIR = REPO_DIR / "test" / "dataloader2"
+MANIFEST = HERE / "series.toml"
+
+#: ``test_worker.py`` (the whole file) or ``test_worker.py:2/3`` (its second third).
+_TEST_PART = re.compile(r"^(?P<file>[a-z_0-9]+\.py)(?::(?P<part>\d+)/(?P<parts>\d+))?$")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one module goes: ``path`` in torchdata's tree; ``merge`` into the upstream file there
+    (its names replacing upstream's of the same name); ``late_imports`` puts the module's imports
+    after upstream's definitions (for ``utils/worker.py``, which the imported modules import back)."""
+
+    module: str
+    path: str
+    merge: bool = False
+    late_imports: bool = False
+
+    @property
+    def dotted(self) -> str:
+        return self.path[: -len(".py")].replace("/", ".")
+
+
+@dataclass(frozen=True)
+class TestPart:
+    """A test file, or one of ``parts`` contiguous slices of its tests (``part`` counts from 1)."""
+
+    file: str
+    part: int = 1
+    parts: int = 1
+
+
+@dataclass(frozen=True)
+class Edit:
+    """A textual change to an upstream file that no module carries: ``old`` (exactly once in the
+    file) becomes ``new``; with ``old`` empty, the line ``new`` is added unless it is there."""
+
+    path: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Commit:
+    title: str
+    body: str
+    modules: Tuple[str, ...]
+    tests: Tuple[TestPart, ...]
+    helpers: Tuple[str, ...]
+    edits: Tuple[Edit, ...] = ()
+    exports: bool = False  # torchdata.dataloader2 exports the series' public names
+
+
+@dataclass(frozen=True)
+class Manifest:
+    placements: Dict[str, Placement]
+    commits: Tuple[Commit, ...]
+    test_destination: str
+    test_renames: Dict[str, str]
+    not_exported: Dict[str, str]
+    not_reexported: Tuple[str, ...]
+    max_changed_lines: int
+    text_rules: Tuple[Tuple[str, str], ...] = ()
+
+    def placement(self, module: str) -> Placement:
+        return self.placements[module]
+
+    def test_name(self, file: str) -> str:
+        return self.test_renames.get(file, file)
+
+
+def _test_part(spec: str) -> TestPart:
+    match = _TEST_PART.match(spec)
+    if match is None:
+        raise ManifestError(f"{spec!r} is not 'test_x.py' or 'test_x.py:PART/PARTS'")
+    if match.group("part") is None:
+        return TestPart(match.group("file"))
+    part, parts = int(match.group("part")), int(match.group("parts"))
+    if not 1 <= part <= parts:
+        raise ManifestError(f"{spec!r}: part {part} of {parts} does not exist")
+    return TestPart(match.group("file"), part, parts)
+
+
+def load(path: Path = MANIFEST) -> Manifest:
+    """Read ``series.toml``; :class:`ManifestError` names what is malformed."""
+    try:
+        data = tomllib.loads(path.read_text())
+        placements = {module: Placement(module, **fields) for module, fields in data["placement"].items()}
+        commits = tuple(
+            Commit(
+                title=entry["title"],
+                body=entry["body"].strip(),
+                modules=tuple(entry.get("modules", ())),
+                tests=tuple(_test_part(spec) for spec in entry.get("tests", ())),
+                helpers=tuple(entry.get("helpers", ())),
+                edits=tuple(Edit(**edit) for edit in entry.get("edits", ())),
+                exports=bool(entry.get("exports", False)),
+            )
+            for entry in data["commit"]
+        )
+        tests = data["tests"]
+        return Manifest(
+            placements=placements,
+            commits=commits,
+            test_destination=tests["destination"],
+            test_renames=dict(tests.get("rename", {})),
+            not_exported=dict(tests.get("not_exported", {})),
+            not_reexported=tuple(data["not_reexported"]),
+            max_changed_lines=int(data["max_changed_lines"]),
+            text_rules=tuple((rule["pattern"], rule["replacement"]) for rule in data.get("text", ())),
+        )
+    except (KeyError, TypeError, tomllib.TOMLDecodeError) as e:
+        raise ManifestError(f"{path} is malformed: {type(e).__name__}: {e}") from e
+
+
+def module_imports(module: str) -> Set[str]:
+    """The package's modules that ``module`` imports."""
+    return _package_imports(PACKAGE_DIR / f"{module}.py") - {module}
+
+
+def _package_imports(path: Path, top_level_only: bool = False) -> Set[str]:
+    """The package's modules ``path`` imports (``import torchdata_snapshot`` is torchdata.dataloader2,
+    there at every commit); with ``top_level_only``, those it imports when it is imported."""
+    found: Set[str] = set()
+    public = public_name_modules()
+    tree = ast.parse(path.read_text())
+    for node in tree.body if top_level_only else ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(f"{PACKAGE}."):
+            found.add(node.module.rsplit(".", 1)[1])
+        elif isinstance(node, ast.ImportFrom) and node.module == PACKAGE:
+            for alias in node.names:
+                found.add(alias.name if alias.name.startswith("_") else public.get(alias.name, "__init__"))
+    return found
+
+
+def test_imports(file: str, helpers: Tuple[str, ...] = ()) -> Set[str]:
+    """The package's modules a test file needs, through the test helpers it imports too."""
+    seen: Set[str] = set()
+    todo = [file]
+    needed: Set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = TESTS_DIR / name
+        needed |= _package_imports(path, top_level_only=name != file)
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree) if name == file else tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                todo += [f"{n}.py" for n in names if n and (TESTS_DIR / f"{n}.py").is_file()]
+    return needed
+
+
+def helper_files(file: str) -> Set[str]:
+    """The test helpers (modules of the test folder that are not tests) ``file`` imports."""
+    found: Set[str] = set()
+    todo = [file]
+    while todo:
+        name = todo.pop()
+        tree = ast.parse((TESTS_DIR / name).read_text())
+        for node in ast.walk(tree) if name == file else tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                for n in names:
+                    if n and (TESTS_DIR / f"{n}.py").is_file() and f"{n}.py" not in found:
+                        found.add(f"{n}.py")
+                        todo.append(f"{n}.py")
+    return found
+
+
+def public_name_modules() -> Dict[str, str]:
+    """Each name the package exports -> the module of the package that defines it."""
+    tree = ast.parse((PACKAGE_DIR / "__init__.py").read_text())
+    names: Dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(f"{PACKAGE}."):
+            for alias in node.names:
+                names[alias.asname or alias.name] = node.module.rsplit(".", 1)[1]
+    return names
+
+
+def check(manifest: Manifest) -> None:
+    """Every module placed once, in a commit after every module it imports; every test exported
+    (all its parts, in order) after the modules and helpers it needs, or said not to be."""
+    modules = sorted(p.stem for p in PACKAGE_DIR.glob("_*.py") if p.stem != "__init__")
+    if sorted(manifest.placements) != modules:
+        raise ManifestError(
+            f"[placement] must place every module: {sorted(set(modules) ^ set(manifest.placements))}"
+        )
+    paths = [p.path for p in manifest.placements.values()]
+    if len(paths) != len(set(paths)):
+        raise ManifestError("two modules are placed at the same path")
+    done: Set[str] = {"__init__"}
+    helpers_done: Set[str] = set()
+    parts_done: Dict[str, int] = {}
+    for commit in manifest.commits:
+        for module in commit.modules:
+            if module in done:
+                raise ManifestError(f"{module} is exported twice")
+            missing = module_imports(module) - done - set(commit.modules)
+            if missing:
+                raise ManifestError(f"{module} ({commit.title}) imports {sorted(missing)}, exported later")
+        done.update(commit.modules)
+        if commit.exports:
+            if "_reading_service" not in done:
+                raise ManifestError(
+                    f"{commit.title} exports the public names before the reading service exists"
+                )
+            done.add("__init__")
+        helpers_done.update(commit.helpers)
+        for test in commit.tests:
+            if parts_done.get(test.file, 0) != test.part - 1:
+                raise ManifestError(f"{test.file} part {test.part} comes before part {test.part - 1}")
+            parts_done[test.file] = test.part
+            missing = test_imports(test.file) - done
+            if missing and test.part == 1:
+                raise ManifestError(f"{test.file} ({commit.title}) needs {sorted(missing)}, exported later")
+            missing_helpers = helper_files(test.file) - helpers_done
+            if missing_helpers:
+                raise ManifestError(f"{test.file} ({commit.title}) needs helpers {sorted(missing_helpers)}")
+    if sum(c.exports for c in manifest.commits) != 1:
+        raise ManifestError("exactly one commit must have exports = true")
+    if done - {"__init__"} != set(manifest.placements):
+        raise ManifestError(f"modules in no commit: {sorted(set(manifest.placements) - done)}")
+    tests = {p.name for p in TESTS_DIR.glob("test_*.py")}
+    exported = set(parts_done)
+    unplaced = tests - exported - set(manifest.not_exported)
+    if unplaced:
+        raise ManifestError(f"tests in no commit: {sorted(unplaced)}")
+    for commit in manifest.commits:
+        for part in commit.tests:
+            if parts_done[part.file] != part.parts:
+                raise ManifestError(f"{part.file} has {part.parts} parts, {parts_done[part.file]} exported")
+
+
+def ordered_tests(manifest: Manifest) -> List[str]:
+    return [t.file for c in manifest.commits for t in c.tests if t.part == 1]

@@ -1,0 +1,340 @@
+"""Make the series on a torchdata checkout: one git commit per ``[[commit]]`` of ``series.toml``,
+then the docs commit, formatted as upstream's pre-commit formats (ufmt: black 21.12b0 and usort
+1.0.0), and ``PR.md`` next to the checkout."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import manifest as manifest_module
+from errors import (
+    DirtyCheckoutError,
+    ExportError,
+    NotACheckoutError,
+    SourceNotFoundError,
+    ToolMissingError,
+    UnsupportedVersionError,
+    UpstreamLayoutError,
+)
+from manifest import PACKAGE_DIR, REPO_DIR, TESTS_DIR, Commit, Manifest, public_name_modules
+from rewrite import (
+    PUBLIC_HOME,
+    _import_statement,
+    _insert_imports,
+    drop_unused_typing_imports,
+    merge,
+    rewrite,
+    rewrite_test,
+    test_slices,
+)
+
+SUPPORTED = re.compile(r"^0\.(7\.1|8\.\d+|9\.\d+)$")
+
+#: The page the docs commit adds to torchdata's docs (written for them, kept in this repository).
+UPSTREAM_DOCS_PAGE = REPO_DIR / "docs" / "upstream" / "reading_service_checkpointing.rst"
+PR_TEMPLATE = Path(__file__).resolve().parent / "PR.md"
+
+
+def _git(checkout: Path, *args: str, check: bool = True) -> str:
+    done = subprocess.run(["git", *args], cwd=checkout, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise ExportError(f"git {' '.join(args)} failed in {checkout}: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def version_of(checkout: Path) -> str:
+    """The torchdata version of ``checkout``; refuses what is not a supported torchdata checkout."""
+    if not checkout.is_dir():
+        raise NotACheckoutError(f"{checkout} is not a directory")
+    needed = ("version.txt", "torchdata/dataloader2/reading_service.py", "torchdata/dataloader2/__init__.py")
+    absent = [name for name in needed if not (checkout / name).is_file()]
+    if absent:
+        raise NotACheckoutError(f"{checkout} is not a torchdata checkout: no {', '.join(absent)}")
+    if subprocess.run(["git", "rev-parse", "--git-dir"], cwd=checkout, capture_output=True).returncode:
+        raise NotACheckoutError(f"{checkout} is not a git checkout of torchdata (no .git)")
+    raw = (checkout / "version.txt").read_text().strip()
+    version = re.split(r"[a-z+]", raw, maxsplit=1)[0]
+    if not SUPPORTED.match(version):
+        raise UnsupportedVersionError(
+            f"torchdata {raw} is not supported: the series is made for torchdata 0.7.1, 0.8.x and 0.9.x"
+        )
+    return version
+
+
+def check_checkout(checkout: Path, branch: str) -> str:
+    """Refuse, before changing anything, a checkout that cannot take the series; its version."""
+    version = version_of(checkout)
+    if _git(checkout, "status", "--porcelain", "--untracked-files=no"):
+        raise DirtyCheckoutError(
+            f"the work tree of {checkout} is not clean: commit or stash your changes first"
+        )
+    exists = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"], cwd=checkout)
+    if exists.returncode == 0:
+        raise DirtyCheckoutError(
+            f"{checkout} already has a branch {branch!r}: pass another --branch or delete it"
+        )
+    return version
+
+
+def find_tools(tools: Optional[Path]) -> Path:
+    """The folder holding upstream's pinned pre-commit tools (``ufmt``, ``pyupgrade``): ``tools``,
+    or where ``ufmt`` is on ``PATH``."""
+    if tools is None:
+        found = shutil.which("ufmt")
+        tools = Path(found).parent if found else None
+    missing = [name for name in ("ufmt", "pyupgrade") if tools is None or not (tools / name).is_file()]
+    if tools is None or missing:
+        raise ToolMissingError(
+            f"{', '.join(missing)} not found: the series is formatted as upstream's pre-commit does "
+            f"(pip install -r {Path(__file__).parent / 'requirements-upstream-lint.txt'}, then --tools)"
+        )
+    return tools
+
+
+class SeriesWriter:
+    """Writes the files of one commit after another on ``checkout``."""
+
+    def __init__(self, checkout: Path, manifest: Manifest, tools: Path) -> None:
+        self.checkout = checkout
+        self.manifest = manifest
+        self.tools = tools
+        self.test_dir = checkout / manifest.test_destination
+        self.public = public_name_modules()
+
+    def _write(self, relative: str, text: str) -> str:
+        path = self.checkout / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return relative
+
+    def module(self, module: str) -> str:
+        placement = self.manifest.placement(module)
+        ours = rewrite((PACKAGE_DIR / f"{module}.py").read_text(), self.manifest)
+        target = self.checkout / placement.path
+        if placement.merge:
+            if not target.is_file():
+                raise UpstreamLayoutError(f"{placement.path} does not exist in this checkout")
+            text = merge(target.read_text(), ours, placement, module)
+        else:
+            if target.exists():
+                raise UpstreamLayoutError(f"{placement.path} exists already in this checkout")
+            text = LICENSE + ours
+        return self._write(placement.path, text)
+
+    def edit(self, relative: str, old: str, new: str) -> str:
+        path = self.checkout / relative
+        text = path.read_text() if path.is_file() else ""
+        if old == "":  # add a line, unless it is there already
+            if new not in text.splitlines(keepends=True):
+                text = text if text.endswith("\n") or not text else text + "\n"
+                return self._write(relative, text + new)
+            return relative
+        if text.count(old) != 1:
+            raise UpstreamLayoutError(f"{relative} does not hold exactly one {old.strip()!r} to change")
+        return self._write(relative, text.replace(old, new))
+
+    def test(self, file: str, part: int, parts: int) -> str:
+        source = rewrite_test((TESTS_DIR / file).read_text(), self.manifest)
+        text = test_slices(source, parts)[part - 1]
+        return self._write(
+            f"{self.manifest.test_destination}/{self.manifest.test_name(file)}", LICENSE + text
+        )
+
+    def helper(self, file: str) -> str:
+        if file == "conftest.py":
+            text = _conftest(self.manifest)
+        else:
+            text = rewrite_test((TESTS_DIR / file).read_text(), self.manifest)
+        return self._write(
+            f"{self.manifest.test_destination}/{self.manifest.test_name(file)}", LICENSE + text
+        )
+
+    def dataloader2_init(self) -> str:
+        """``torchdata.dataloader2`` exports the series' public names (``__all__`` stays sorted)."""
+        init = self.checkout / "torchdata/dataloader2/__init__.py"
+        source = init.read_text()
+        exports = sorted(set(self.public) - set(self.manifest.not_reexported))
+        by_module: Dict[str, List[str]] = {}
+        for name in exports:
+            by_module.setdefault(self.manifest.placement(self.public[name]).dotted, []).append(name)
+        anchor = "from torchdata.dataloader2.shuffle_spec import ShuffleSpec\n"
+        if anchor not in source:
+            raise UpstreamLayoutError(
+                "torchdata/dataloader2/__init__.py does not import ShuffleSpec where expected"
+            )
+        imports = [_import_statement(module, names) for module, names in sorted(by_module.items())]
+        source = source.replace(anchor, anchor + "\n".join(imports) + "\n", 1)
+        match = re.search(r"__all__ = \[(.*?)\]", source, re.S)
+        if match is None:
+            raise UpstreamLayoutError("torchdata/dataloader2/__init__.py has no __all__ list")
+        names = sorted(set(re.findall(r'"([A-Za-z_][A-Za-z0-9_]*)"', match.group(1))) | set(exports))
+        listing = "__all__ = [\n" + "".join(f'    "{name}",\n' for name in names) + "]"
+        init.write_text(source[: match.start()] + listing + source[match.end() :])
+        return "torchdata/dataloader2/__init__.py"
+
+    def format(self, paths: Sequence[str]) -> None:
+        """As upstream's pre-commit would: pyupgrade --py37-plus, then ufmt (black and usort)."""
+        python = [p for p in paths if p.endswith(".py")]
+        if not python:
+            return
+        # pyupgrade exits with 1 when it rewrote a file: only its other codes are failures.
+        upgraded = subprocess.run(
+            [str(self.tools / "pyupgrade"), "--py37-plus", *python],
+            cwd=self.checkout,
+            capture_output=True,
+            text=True,
+        )
+        for relative in python:  # the typing names pyupgrade made unused
+            path = self.checkout / relative
+            path.write_text(drop_unused_typing_imports(path.read_text()))
+        formatted = subprocess.run(
+            [str(self.tools / "ufmt"), "format", *python], cwd=self.checkout, capture_output=True, text=True
+        )
+        for name, done, ok in (("pyupgrade", upgraded, (0, 1)), ("ufmt", formatted, (0,))):
+            if done.returncode not in ok:
+                raise ExportError(f"{name} failed: {(done.stdout + done.stderr).strip()[-2000:]}")
+
+    def commit(self, paths: Sequence[str], title: str, body: str) -> None:
+        self.format(paths)
+        _git(self.checkout, "add", *paths)
+        identity: List[str] = []
+        if not _git(self.checkout, "config", "user.name", check=False):
+            identity = ["-c", "user.name=DataLoader2 contributor", "-c", "user.email=dataloader2@localhost"]
+        _git(self.checkout, *identity, "commit", "-q", "-m", f"{title}\n\n{body}")
+
+
+LICENSE = (
+    "# Copyright (c) Meta Platforms, Inc. and affiliates.\n"
+    "# All rights reserved.\n"
+    "#\n"
+    "# This source code is licensed under the BSD-style license found in the\n"
+    "# LICENSE file in the root directory of this source tree.\n\n"
+)
+
+
+def _conftest(manifest: Manifest) -> str:
+    """The exported tests' conftest: the repository's two conftest files in one."""
+    options = rewrite_test((TESTS_DIR.parent / "conftest.py").read_text(), manifest)
+    fixtures = _body(rewrite_test((TESTS_DIR / "conftest.py").read_text(), manifest))
+    # The fixtures' imports join the options' (once each), at the top.
+    tree = ast.parse(fixtures)
+    lines = fixtures.splitlines(keepends=True)
+    imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    statements = ["".join(lines[n.lineno - 1 : n.end_lineno]).rstrip() for n in imports]
+    for node in reversed(imports):
+        del lines[node.lineno - 1 : node.end_lineno]
+    new = [st for st in statements if st not in options]
+    if new:
+        options = _insert_imports(options, "\n".join(new))
+    merged = options.rstrip() + "\n\n\n# --- fixtures ---\n\n" + "".join(lines).lstrip()
+    return merged.replace(
+        "    settings.load_profile(",
+        '    config.addinivalue_line("markers", "full_matrix: the exhaustive contract matrix")\n'
+        '    config.addinivalue_line("markers", "slow: tests that take more than a few seconds")\n'
+        "    settings.load_profile(",
+    )
+
+
+def _body(source: str) -> str:
+    """``source`` without its module docstring and ``from __future__`` import (for merging)."""
+    tree = ast.parse(source)
+    skip = 0
+    if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
+        skip = tree.body[0].end_lineno or 0
+    lines = source.splitlines(keepends=True)[skip:]
+    return "".join(line for line in lines if line.strip() != "from __future__ import annotations").lstrip()
+
+
+def _docs(writer: SeriesWriter) -> Optional[List[str]]:
+    docs = writer.checkout / "docs" / "source"
+    if not (docs / "index.rst").is_file():
+        return None
+    page = writer._write("docs/source/reading_service_checkpointing.rst", UPSTREAM_DOCS_PAGE.read_text())
+    paths = [page]
+    index = (docs / "index.rst").read_text()
+    if "   reading_service.rst\n" in index:
+        index = index.replace(
+            "   reading_service.rst\n", "   reading_service.rst\n   reading_service_checkpointing.rst\n", 1
+        )
+    else:
+        index += "\n.. toctree::\n   :maxdepth: 2\n\n   reading_service_checkpointing.rst\n"
+    paths.append(writer._write("docs/source/index.rst", index))
+    api = docs / "dataloader2.rst"
+    if api.is_file():
+        text = api.read_text()
+        names = sorted(set(writer.public) - set(writer.manifest.not_reexported))
+        entries = "".join(f"    {name}\n" for name in names)
+        text = text.rstrip("\n") + (
+            "\n\nCheckpointing mid-epoch\n-----------------------\n\n"
+            "``MultiProcessingReadingService.snapshot()`` reports each worker's state, and "
+            "``DataLoader2.state_dict()`` resumes an epoch where it stopped "
+            "(see `checkpointing <reading_service_checkpointing.html>`_).\n\n"
+            ".. autosummary::\n    :nosignatures:\n    :template: class_method_template.rst\n"
+            "    :toctree: generated/\n\n" + entries
+        )
+        paths.append(writer._write("docs/source/dataloader2.rst", text))
+    return paths
+
+
+def export(
+    checkout: Path,
+    branch: str = "mprs-snapshot",
+    tools: Optional[Path] = None,
+    manifest: Optional[Manifest] = None,
+) -> List[str]:
+    """Create ``branch`` on ``checkout`` with the series; return the new commits' hashes."""
+    if not TESTS_DIR.is_dir() or not UPSTREAM_DOCS_PAGE.is_file():
+        raise SourceNotFoundError(
+            f"the series is made from a clone of this repository (its tests and docs): {TESTS_DIR} is missing"
+        )
+    manifest = manifest or manifest_module.load()
+    manifest_module.check(manifest)
+    checkout = checkout.resolve()
+    check_checkout(checkout, branch)
+    tools = find_tools(tools)
+    start = _git(checkout, "rev-parse", "HEAD")
+    previous = _git(checkout, "rev-parse", "--abbrev-ref", "HEAD")
+    _git(checkout, "checkout", "-q", "-b", branch)
+    writer = SeriesWriter(checkout, manifest, tools)
+    try:
+        for commit in manifest.commits:
+            paths = _commit_files(writer, commit)
+            writer.commit(paths, commit.title, commit.body)
+        docs = _docs(writer)
+        if docs:
+            writer.commit(
+                docs,
+                "[Docs] Document mid-epoch checkpointing with MultiProcessingReadingService",
+                "What a checkpoint guarantees, how to take and restore one, snapshot(), the options,\n"
+                "and what the errors mean; the new public names in the API reference.",
+            )
+        return _git(checkout, "rev-list", "--reverse", f"{start}..{branch}").split()
+    except BaseException:
+        _git(checkout, "checkout", "-q", "-f", start if previous == "HEAD" else previous, check=False)
+        _git(checkout, "clean", "-q", "-fd", check=False)
+        _git(checkout, "branch", "-q", "-D", branch, check=False)
+        raise
+
+
+def _commit_files(writer: SeriesWriter, commit: Commit) -> List[str]:
+    paths = [writer.edit(edit.path, edit.old, edit.new) for edit in commit.edits]
+    paths += [writer.module(module) for module in commit.modules]
+    if commit.exports:
+        paths.append(writer.dataloader2_init())
+    paths += [writer.helper(helper) for helper in commit.helpers]
+    paths += [writer.test(t.file, t.part, t.parts) for t in commit.tests]
+    return paths
+
+
+def main_exit(error: ExportError) -> int:
+    print(f"export_upstream: {error}", file=sys.stderr)
+    return 2
+
+
+__all__ = ["PUBLIC_HOME", "export", "check_checkout", "version_of"]
