@@ -3,16 +3,29 @@ leaving a child process alive or a shared-memory segment of its processes behind
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
-from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Set, Tuple
 
 import psutil
 import pytest
 from torchdata.dataloader2 import DataLoader2
 
-sys.path.insert(0, str(Path(__file__).parent))  # `import pipelines` in tests and in spawned workers
+#: The start methods of this platform (Windows has no fork, nor forkserver).
+START_METHODS = multiprocessing.get_all_start_methods()
+
+#: Modules that start processes with fork when they are imported.
+collect_ignore = [] if "fork" in START_METHODS else ["test_channel.py", "test_leak_guard.py"]
+
+
+def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
+    """A test parametrized with a start method this platform lacks is skipped, saying why."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        context = callspec.params.get("context") if callspec is not None else None
+        if isinstance(context, str) and context not in START_METHODS:
+            item.add_marker(pytest.mark.skip(reason=f"no {context!r} start method on {sys.platform}"))
 
 
 #: Long-lived helpers that multiprocessing itself starts and keeps: not leaks.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 import signal
@@ -14,8 +15,10 @@ from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
 from torchdata.datapipes.iter import IterableWrapper
 
-#: Start method of the tests that do not choose one (``pytest --mp-context spawn`` sets it).
-CONTEXT = os.environ.get("TORCHDATA_SNAPSHOT_TEST_CONTEXT", "fork")
+#: Start method of the tests that do not choose one (``pytest --mp-context spawn`` sets it);
+#: fork where the platform has it, as upstream's default on Linux.
+_DEFAULT_CONTEXT = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+CONTEXT = os.environ.get("TORCHDATA_SNAPSHOT_TEST_CONTEXT", _DEFAULT_CONTEXT)
 
 
 def rs(num_workers: int = 2, **kwargs: Any) -> Any:

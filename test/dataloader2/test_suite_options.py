@@ -33,3 +33,28 @@ def test_the_context_seen_by_tests(request: pytest.FixtureRequest) -> None:
 
     chosen, used = request.config.getoption("--mp-context") or "fork", pipelines.CONTEXT
     assert used == chosen
+
+
+def test_a_start_method_the_platform_lacks_is_skipped_saying_why(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As on Windows (spawn only): the suite's conftest skips what it cannot start.
+    conftest = next(
+        plugin
+        for plugin in request.config.pluginmanager.get_plugins()
+        if getattr(plugin, "__file__", "") == str(Path(__file__).with_name("conftest.py"))
+    )
+    monkeypatch.setattr(conftest, "START_METHODS", ["spawn"])
+
+    class Item:
+        def __init__(self, context: object) -> None:
+            self.callspec = type("CallSpec", (), {"params": {"context": context}})()
+            self.markers: list = []
+
+        def add_marker(self, marker: object) -> None:
+            self.markers.append(marker)
+
+    fork, spawn, other = Item("fork"), Item("spawn"), Item(3)
+    conftest.pytest_collection_modifyitems([fork, spawn, other])
+    assert [m.kwargs["reason"] for m in fork.markers] == [f"no 'fork' start method on {sys.platform}"]
+    assert spawn.markers == [] and other.markers == []
