@@ -55,6 +55,13 @@ def run_tool(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     )
 
 
+def run_in(repo: Path, code: str) -> subprocess.CompletedProcess:
+    """Run Python in a process that imports torchdata from ``repo`` (before site-packages)."""
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    command = [sys.executable, "-W", "ignore", "-c", code]
+    return subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+
+
 @pytest.fixture(scope="module")
 def tools_bin() -> Path:
     missing = [name for name in ("ufmt", "pyupgrade", "flake8") if not (TOOLS_BIN / name).is_file()]
@@ -198,14 +205,7 @@ def test_messages_worker_and_reading_service_change_in_place(series: Path) -> No
         "from torchdata.dataloader2.communication import messages as m\n"
         "assert m.PauseRequest(None).pause_fn is None and m.GetNextRequest().epoch is None\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", code],
-        cwd=series,
-        env={**os.environ, "PYTHONPATH": str(series)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_in(series, code)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -224,14 +224,7 @@ def test_the_exported_tree_resumes_mid_epoch(series: Path) -> None:
         "assert list(again) == rest, 'resumed exactly'\n"
         "again.shutdown()\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", code],
-        cwd=series,
-        env={**os.environ, "PYTHONPATH": str(series)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_in(series, code)
     assert done.returncode == 0, done.stderr[-3000:]
 
 

@@ -63,16 +63,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     checkout = args.checkout.resolve()
     base = _git(checkout, "rev-parse", f"{commits[0]}^")
-    report = check.Report()
-    check.check_shape(checkout, base, args.branch, manifest_module.load().max_changed_lines, report)
-    check.check_imports(checkout, base, args.branch, sys.executable, report)
-    check.check_lint(checkout, base, args.branch, args.tools or find_tools(None), report)
-    check.check_tests(checkout, base, args.branch, sys.executable, ("first", "middle", "tip"), report)
-    for note in report.notes:
-        print(f"ok: {note}")
-    for problem in report.problems:
-        print(f"FAIL: {problem}")
-    return 1 if report.problems else 0
+    max_lines = manifest_module.load().max_changed_lines
+    tools = args.tools or find_tools(None)
+    return check.check_all(checkout, base, args.branch, max_lines, tools, ("first", "middle", "tip")).print()
 
 
 if __name__ == "__main__":

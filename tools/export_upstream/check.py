@@ -42,6 +42,14 @@ class Report:
     def note(self, message: str) -> None:
         self.notes.append(message)
 
+    def print(self) -> int:
+        """Print the notes and the problems; the exit code (1 if any problem)."""
+        for note in self.notes:
+            print(f"ok: {note}")
+        for problem in self.problems:
+            print(f"FAIL: {problem}")
+        return 1 if self.problems else 0
+
 
 def commits_of(checkout: Path, base: str, branch: str) -> List[str]:
     return _git(checkout, "rev-list", "--reverse", f"{base}..{branch}").split()
@@ -167,6 +175,21 @@ def check_tests(
     _git(checkout, "checkout", "-q", branch)
 
 
+def check_all(
+    checkout: Path, base: str, branch: str, max_lines: int, tools: Optional[Path], which: Sequence[str]
+) -> Report:
+    """Every check: the shape, imports at every commit, the linters (with ``tools``), and
+    ``test/dataloader2`` at the commits ``which`` names."""
+    report = Report()
+    check_shape(checkout, base, branch, max_lines, report)
+    check_imports(checkout, base, branch, sys.executable, report)
+    if tools is not None:
+        check_lint(checkout, base, branch, tools, report)
+    if which:
+        check_tests(checkout, base, branch, sys.executable, which, report)
+    return report
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     import argparse
 
@@ -182,20 +205,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     parser.add_argument("--max-lines", type=int, default=800)
     args = parser.parse_args(argv)
-    checkout = args.checkout.resolve()
-    report = Report()
-    check_shape(checkout, args.base, args.branch, args.max_lines, report)
-    check_imports(checkout, args.base, args.branch, sys.executable, report)
-    if args.tools:
-        check_lint(checkout, args.base, args.branch, args.tools, report)
     which = [w for w in args.tests.split(",") if w]
-    if which:
-        check_tests(checkout, args.base, args.branch, sys.executable, which, report)
-    for note in report.notes:
-        print(f"ok: {note}")
-    for problem in report.problems:
-        print(f"FAIL: {problem}")
-    return 1 if report.problems else 0
+    report = check_all(args.checkout.resolve(), args.base, args.branch, args.max_lines, args.tools, which)
+    return report.print()
 
 
 if __name__ == "__main__":
