@@ -9,7 +9,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Set, Tuple
+from typing import Dict, Set, Tuple
 
 from errors import ManifestError
 
@@ -157,28 +157,9 @@ def _package_imports(path: Path, top_level_only: bool = False) -> Set[str]:
     return found
 
 
-def test_imports(file: str, helpers: Tuple[str, ...] = ()) -> Set[str]:
-    """The package's modules a test file needs, through the test helpers it imports too."""
-    seen: Set[str] = set()
-    todo = [file]
-    needed: Set[str] = set()
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        path = TESTS_DIR / name
-        needed |= _package_imports(path, top_level_only=name != file)
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree) if name == file else tree.body:
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                names = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
-                todo += [f"{n}.py" for n in names if n and (TESTS_DIR / f"{n}.py").is_file()]
-    return needed
-
-
 def helper_files(file: str) -> Set[str]:
-    """The test helpers (modules of the test folder that are not tests) ``file`` imports."""
+    """The test helpers (modules of the test folder that are not tests) ``file`` imports: through
+    any import of the test itself, through the module-level imports of the helpers."""
     found: Set[str] = set()
     todo = [file]
     while todo:
@@ -192,6 +173,14 @@ def helper_files(file: str) -> Set[str]:
                         found.add(f"{n}.py")
                         todo.append(f"{n}.py")
     return found
+
+
+def test_imports(file: str) -> Set[str]:
+    """The package's modules a test file needs, itself or through the test helpers it imports."""
+    needed = _package_imports(TESTS_DIR / file)
+    for helper in helper_files(file):
+        needed |= _package_imports(TESTS_DIR / helper, top_level_only=True)
+    return needed
 
 
 def public_name_modules() -> Dict[str, str]:
@@ -257,7 +246,3 @@ def check(manifest: Manifest) -> None:
         for part in commit.tests:
             if parts_done[part.file] != part.parts:
                 raise ManifestError(f"{part.file} has {part.parts} parts, {parts_done[part.file]} exported")
-
-
-def ordered_tests(manifest: Manifest) -> List[str]:
-    return [t.file for c in manifest.commits for t in c.tests if t.part == 1]

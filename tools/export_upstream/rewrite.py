@@ -62,11 +62,10 @@ def rewrite(source: str, manifest: Manifest) -> str:
         text,
     )
     for name, module in public.items():  # "call torchdata_snapshot.register_state_functions()"
-        home = (
-            manifest.placement(module).dotted
-            if name in manifest.not_reexported and name != "MultiProcessingReadingService"
-            else PUBLIC_HOME
-        )
+        # Public names live in torchdata.dataloader2 at the end of the series; those it does
+        # not re-export stay in their module, but for the reading service, which it had already.
+        exported = name not in manifest.not_reexported or name == "MultiProcessingReadingService"
+        home = PUBLIC_HOME if exported else manifest.placement(module).dotted
         text = re.sub(rf"\b{PACKAGE}\.{name}\b", f"{home}.{name}", text)
     # What is left names the package as a whole (``torchdata_snapshot.__file__``, a module name
     # given to forkserver's preload): its home is torchdata.dataloader2.
@@ -133,7 +132,7 @@ def _as_comment(docstring: str) -> str:
     return "".join(f"# {line}".rstrip() + "\n" for line in docstring.strip("\n").splitlines())
 
 
-def merge(upstream: str, ours: str, placement: Placement, module: str) -> str:
+def merge(upstream: str, ours: str, placement: Placement) -> str:
     """``ours`` (already rewritten) merged into the upstream file ``upstream``: upstream's
     definitions of the names ours defines are deleted, ours follow upstream's code under a comment
     that carries our module docstring, imports join upstream's (or open our section with

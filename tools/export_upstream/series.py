@@ -8,7 +8,6 @@ import ast
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -24,7 +23,6 @@ from errors import (
 )
 from manifest import PACKAGE_DIR, REPO_DIR, TESTS_DIR, Commit, Manifest, public_name_modules
 from rewrite import (
-    PUBLIC_HOME,
     _import_statement,
     _insert_imports,
     drop_unused_typing_imports,
@@ -120,7 +118,7 @@ class SeriesWriter:
         if placement.merge:
             if not target.is_file():
                 raise UpstreamLayoutError(f"{placement.path} does not exist in this checkout")
-            text = merge(target.read_text(), ours, placement, module)
+            text = merge(target.read_text(), ours, placement)
         else:
             if target.exists():
                 raise UpstreamLayoutError(f"{placement.path} exists already in this checkout")
@@ -330,11 +328,3 @@ def _commit_files(writer: SeriesWriter, commit: Commit) -> List[str]:
     paths += [writer.helper(helper) for helper in commit.helpers]
     paths += [writer.test(t.file, t.part, t.parts) for t in commit.tests]
     return paths
-
-
-def main_exit(error: ExportError) -> int:
-    print(f"export_upstream: {error}", file=sys.stderr)
-    return 2
-
-
-__all__ = ["PUBLIC_HOME", "export", "check_checkout", "version_of"]
