@@ -13,7 +13,6 @@ Checked against torch 2.13 and torchdata 0.7.1, 0.8.0 and 0.9.0.
 
 from __future__ import annotations
 
-import sys
 import threading
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
@@ -40,7 +39,6 @@ __all__ = [
     "ExceptionWrapper",
     "RandomSplitterIterDataPipe",
     "attach_wrapper",
-    "calling_dataloader2_is_seeded",
     "extract_wrapper",
     "find_lca_round_robin_sharding_dp",
     "find_non_dispatching_branches",
@@ -63,27 +61,6 @@ DispatchPlaceholder = _DummyIterDataPipe
 #: The DataPipe ``random_split`` shares between its outputs (its ``weights`` are those left in
 #: the epoch: they change as it draws).
 RandomSplitterIterDataPipe = _RandomSplitterIterDataPipe
-
-
-def calling_dataloader2_is_seeded(max_depth: int = 12) -> Optional[bool]:
-    """Whether the ``DataLoader2`` whose ``iter()`` is running (found up the call stack, above a
-    ``SequentialReadingService`` if any) was seeded with ``dl.seed(...)``; ``None`` without one.
-
-    A reading service is not told: it only gets the ``SeedGenerator``. Unseeded, DataLoader2
-    re-seeds that generator from torch's global RNG at every ``iter()``, which in a fresh process
-    gives the same generator state as the first epoch of the run that was saved.
-    """
-    from torchdata.dataloader2 import DataLoader2
-
-    frame = sys._getframe(1)
-    for _ in range(max_depth):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, DataLoader2):
-            return owner._seed is not None
-        frame = frame.f_back  # type: ignore[assignment]
-    return None
 
 
 def find_replicable_branches(graph: Any) -> List[DataPipe]:

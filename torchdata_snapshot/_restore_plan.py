@@ -17,11 +17,15 @@ from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.random import SeedGenerator
 
 from torchdata_snapshot._checkpoint import Checkpoint, GraphIdentity, WorkerPosition
-from torchdata_snapshot._compat import calling_dataloader2_is_seeded
 from torchdata_snapshot._elastic import elastic_refusal, replicable_branch, resume_levels
 from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
 from torchdata_snapshot._remaining import ElasticEpoch, Level, sharding_layout, sharding_point
-from torchdata_snapshot._seeds import load_seed_state, rank_seed_state, seed_state
+from torchdata_snapshot._seeds import (
+    drawn_by_unseeded_dataloader2,
+    load_seed_state,
+    rank_seed_state,
+    seed_state,
+)
 
 __all__ = ["PendingRestore", "plan_restore", "rewind", "sharding_of"]
 
@@ -117,12 +121,13 @@ def rewind(pending: Optional[PendingRestore], seed_generator: SeedGenerator) -> 
     is none or DataLoader2 asks to replay the saved epoch from its beginning."""
     if pending is None:
         return None
-    if seed_state(seed_generator) == pending.checkpoint.seed and calling_dataloader2_is_seeded():
+    at_saved_epochs_start = seed_state(seed_generator) == pending.checkpoint.seed
+    if at_saved_epochs_start and not drawn_by_unseeded_dataloader2(seed_generator):
         # DataLoader2._restore_checkpoint_beginning_of_epoch() hands over the generator as it
         # was when the saved epoch started: upstream's meaning is to replay that epoch from
         # its beginning, so it starts afresh, with those seeds. (Unseeded, DataLoader2 draws
-        # a new generator at every iter(), which the call cannot change; a fresh process may
-        # then draw the saved epoch's by chance: the epoch still resumes where it stopped.)
+        # a new generator at every iter(), which that call cannot change; a fresh process may
+        # draw the saved epoch's by chance: the epoch still resumes where it stopped.)
         return None
     # The generator DataLoader2 hands over was saved *after* this epoch's seeding (and
     # DistributedReadingService may have advanced it again): put it back, in place, to

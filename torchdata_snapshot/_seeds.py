@@ -9,12 +9,20 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+import torch
 from torchdata.dataloader2.random import SeedGenerator
 
 from torchdata_snapshot._compat import load_seed_engine_states, seed_engine_states
 from torchdata_snapshot._errors import InvalidCheckpointError
 
-__all__ = ["advance_epoch_seed", "check_seed_state", "load_seed_state", "rank_seed_state", "seed_state"]
+__all__ = [
+    "advance_epoch_seed",
+    "check_seed_state",
+    "drawn_by_unseeded_dataloader2",
+    "load_seed_state",
+    "rank_seed_state",
+    "seed_state",
+]
 
 _UINT32 = 2**32
 
@@ -101,3 +109,25 @@ def rank_seed_state(state: Dict[str, Dict[str, Any]], rank: int) -> Dict[str, Di
     load_seed_state(generator, {"shared": state["shared"], "worker": state["shared"]})
     generator.spawn(rank, inplace=True)
     return seed_state(generator)
+
+
+def drawn_by_unseeded_dataloader2(generator: SeedGenerator) -> bool:
+    """Whether ``generator`` holds what an unseeded DataLoader2's ``iter()`` just gave it.
+
+    DataLoader2 does not tell a reading service whether ``dl.seed()`` was called. Unseeded, it
+    re-seeds its generator at every ``iter()`` with ``SeedGenerator()``'s draw from the global
+    ``torch`` RNG, which (torchdata >= 0.8) does not advance that RNG: the same draw, made here
+    right after, gives the same state. A ``DistributedReadingService`` in front of this one
+    re-seeds the generator from its shared stream first; its shared engine then matches that
+    keyed by the draw's shared seed. (torchdata 0.7.1's draw advances the RNG, so there this
+    is always ``False``.)
+    """
+    with torch.random.fork_rng(devices=[]):
+        drawn = SeedGenerator()
+    state = seed_state(generator)
+    if state == seed_state(drawn):
+        return True
+    # Its shared engine's key, not its counter: the DistributedReadingService seeds the graph's
+    # random DataPipes from that engine after re-seeding it.
+    reseeded = seed_state(SeedGenerator(drawn.generate_shared_seed()))["shared"]
+    return all(state["shared"][field] == reseeded[field] for field in ("seed", "spawn_seed"))

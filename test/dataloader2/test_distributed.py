@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import pytest
 from distributed import run_ranks
 
 
-def _loader(num_workers: int, n: int, prefetch: int) -> Any:
+def _loader(num_workers: int, n: int, prefetch: int, seed: Optional[int] = 3) -> Any:
     from pipelines import rs, tiny
     from torchdata.dataloader2 import DataLoader2, DistributedReadingService, SequentialReadingService
 
@@ -19,7 +19,8 @@ def _loader(num_workers: int, n: int, prefetch: int) -> Any:
         rs(num_workers, worker_prefetch_cnt=prefetch, main_prefetch_cnt=prefetch),
     )
     dl = DataLoader2(tiny(n), reading_service=service)
-    dl.seed(3)
+    if seed is not None:
+        dl.seed(seed)
     return dl
 
 
@@ -86,6 +87,48 @@ def test_every_rank_resumes_mid_epoch_exactly(tmp_path: Path) -> None:
         assert len(saved[rank]["head"]) == 13 and saved[rank]["rest"]
         assert resumed[rank] == {"rest": saved[rank]["rest"], "following": saved[rank]["following"]}
     assert saved[0]["rest"] != saved[1]["rest"], "each rank resumed its own shard"
+
+
+def unseeded_save_in_the_first_epoch(rank: int, world_size: int, path: str) -> Dict[str, Any]:
+    """The script seeds torch, not the loader, as the script that restores it will: both draw
+    the same generator at ``iter()``, so the resumed epoch starts from the saved epoch's."""
+    import torch
+
+    torch.manual_seed(7)
+    dl = _loader(num_workers=2, n=80, prefetch=10, seed=None)
+    it = iter(dl)
+    head = [next(it) for _ in range(9)]
+    torch.save(dl.state_dict(), f"{path}/rank{rank}.pt")
+    rest = list(it)
+    dl.shutdown()
+    return {"head": head, "rest": rest}
+
+
+def restore_and_maybe_restart(rank: int, world_size: int, path: str, restart: bool) -> List[int]:
+    import torch
+    from pipelines import rs
+    from torchdata.dataloader2 import DataLoader2, DistributedReadingService, SequentialReadingService
+
+    torch.manual_seed(7)
+    state = torch.load(f"{path}/rank{rank}.pt", weights_only=True)
+    dl = DataLoader2.from_state(state, SequentialReadingService(DistributedReadingService(), rs(2)))
+    if restart:
+        dl._restore_checkpoint_beginning_of_epoch()
+    items = list(dl)
+    dl.shutdown()
+    return items
+
+
+def test_an_unseeded_loader_in_fresh_processes_resumes_mid_epoch(tmp_path: Path) -> None:
+    saved = run_ranks(unseeded_save_in_the_first_epoch, tmp_path, path=str(tmp_path))
+    resumed = run_ranks(restore_and_maybe_restart, tmp_path, path=str(tmp_path), restart=False)
+    assert resumed == [saved[rank]["rest"] for rank in range(2)]
+
+
+def test_restore_checkpoint_beginning_of_epoch_replays_the_saved_epoch_on_every_rank(tmp_path: Path) -> None:
+    saved = run_ranks(save_mid_epoch, tmp_path, path=str(tmp_path), k=13)
+    restarted = run_ranks(restore_and_maybe_restart, tmp_path, path=str(tmp_path), restart=True)
+    assert restarted == [saved[rank]["head"] + saved[rank]["rest"] for rank in range(2)]
 
 
 def restore_at(rank: int, world_size: int, shape: str, ks: List[int]) -> Dict[str, Any]:

@@ -6,10 +6,17 @@ import copy
 import json
 
 import pytest
+import torch
 from torchdata.dataloader2.random import SeedGenerator
 
 from torchdata_snapshot._errors import InvalidCheckpointError
-from torchdata_snapshot._seeds import check_seed_state, load_seed_state, rank_seed_state, seed_state
+from torchdata_snapshot._seeds import (
+    check_seed_state,
+    drawn_by_unseeded_dataloader2,
+    load_seed_state,
+    rank_seed_state,
+    seed_state,
+)
 
 
 def advanced(seed: int) -> SeedGenerator:
@@ -75,3 +82,50 @@ def test_a_ranks_seeds_derive_from_the_shared_stream_as_distributed_reading_serv
     rank_2 = SeedGenerator(1234).spawn(2, inplace=True)
     assert rank_seed_state(seed_state(rank_0), 2) == seed_state(rank_2)
     assert rank_seed_state(seed_state(rank_2), 2) == seed_state(rank_2), "a rank's own state is unchanged"
+
+
+# --- recognising the draw of an unseeded DataLoader2 --------------------------------------------
+
+
+def test_the_generator_an_unseeded_dataloader2_draws_at_iter_is_recognised() -> None:
+    torch.manual_seed(11)
+    generator = SeedGenerator(0)
+    generator.seed()  # what DataLoader2.__iter__ does without dl.seed()
+    assert drawn_by_unseeded_dataloader2(generator)
+
+
+def test_a_seeded_generator_is_not_taken_for_a_draw() -> None:
+    torch.manual_seed(11)
+    assert not drawn_by_unseeded_dataloader2(SeedGenerator(11))
+    assert not drawn_by_unseeded_dataloader2(advanced(3))
+
+
+def test_a_draw_is_not_recognised_once_the_global_rng_moved() -> None:
+    torch.manual_seed(11)
+    generator = SeedGenerator()
+    torch.rand(1)
+    assert not drawn_by_unseeded_dataloader2(generator)
+
+
+def test_a_draw_reseeded_by_a_distributed_reading_service_in_front_is_recognised() -> None:
+    torch.manual_seed(11)
+    generator = SeedGenerator()
+    # DistributedReadingService.initialize_iteration: rank 0's shared seed, then the rank's spawn
+    generator.seed(generator.generate_shared_seed())
+    generator.spawn(1, inplace=True)
+    generator.generate_shared_seed()  # set_graph_random_seed() seeding a shuffle
+    assert drawn_by_unseeded_dataloader2(generator)
+
+
+def test_a_seeded_generator_reseeded_by_a_distributed_reading_service_is_not_taken_for_a_draw() -> None:
+    torch.manual_seed(11)
+    generator = SeedGenerator(11)
+    generator.seed(generator.generate_shared_seed())
+    assert not drawn_by_unseeded_dataloader2(generator)
+
+
+def test_recognising_a_draw_leaves_the_global_rng_alone() -> None:
+    torch.manual_seed(11)
+    before = torch.get_rng_state()
+    drawn_by_unseeded_dataloader2(SeedGenerator(1))
+    assert torch.equal(before, torch.get_rng_state())
