@@ -1,11 +1,11 @@
 """``MultiProcessingReadingService``: a drop-in, observable replacement for upstream's.
 
-The reading service only orchestrates DataLoader2's calls: the graph runs in a
-:class:`~torchdata_snapshot._runtime.Runtime`, in the main process
-(:class:`~torchdata_snapshot._in_process.InProcess`, ``num_workers=0``) or in worker processes
-(:class:`~torchdata_snapshot._worker_pool.WorkerPool`), behind an
-:class:`~torchdata_snapshot._outlet.Outlet` that counts what the user received; a restore is
-planned by :func:`~torchdata_snapshot._restore_plan.plan_restore`; checkpoints are
+The reading service only answers DataLoader2's calls: between ``initialize`` and ``finalize``
+a :class:`~torchdata_snapshot._session.Session` holds the graph's
+:class:`~torchdata_snapshot._runtime.Runtime` (in the main process, ``num_workers=0``, or in
+worker processes) behind an :class:`~torchdata_snapshot._outlet.Outlet` that counts what the
+user received, and the epoch in progress; a restore is planned by
+:func:`~torchdata_snapshot._restore_plan.plan_restore`; checkpoints are
 :class:`~torchdata_snapshot._checkpoint.Checkpoint` s. The protocol is described in
 NOTE [ Snapshot protocol ] (:mod:`torchdata_snapshot._messages`).
 """
@@ -28,7 +28,6 @@ from torchdata_snapshot._constants import (
     NO_EPOCH,
 )
 from torchdata_snapshot._errors import ReadingServiceClosedError, ReadingServiceError
-from torchdata_snapshot._graph import graph_datapipes, pausable, pause_datapipe, paused
 from torchdata_snapshot._options import (
     BatchingOptions,
     FaultOptions,
@@ -38,11 +37,9 @@ from torchdata_snapshot._options import (
     check_start_method,
     check_type,
 )
-from torchdata_snapshot._outlet import Outlet
-from torchdata_snapshot._remaining import ElasticEpoch
-from torchdata_snapshot._restore_plan import PendingRestore, plan_restore, rewind, sharding_of
-from torchdata_snapshot._runtime import Runtime, checkpoint_of, shut_down_when_broken, start_runtime
-from torchdata_snapshot._seeds import advance_epoch_seed, seed_state
+from torchdata_snapshot._restore_plan import PendingRestore, plan_restore, sharding_of
+from torchdata_snapshot._runtime import shut_down_when_broken, start_runtime
+from torchdata_snapshot._session import Session, checkpoint_before_start
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
 __all__ = ["MultiProcessingReadingService"]
@@ -65,8 +62,7 @@ class MultiProcessingReadingService(
         multiprocessing_context: ``"fork"``, ``"spawn"`` or ``"forkserver"`` (default: the
             platform's default).
         worker_prefetch_cnt: items each worker may produce ahead of the main process's requests
-            (small items holding no shared memory: up to 256 KiB of them, at most 512; see the
-            docs' design page).
+            (small items: up to 256 KiB of them, at most 512; see the docs' design page).
         main_prefetch_cnt: items the main process asks for ahead of the user, spread over workers.
         worker_init_fn: called in each worker with ``(datapipe, WorkerInfo)`` when it starts.
         worker_reset_fn: called in each worker with ``(datapipe, WorkerInfo, SeedGenerator)`` at
@@ -88,15 +84,13 @@ class MultiProcessingReadingService(
         restart_dead_workers: self-healing: how many times per epoch a worker that dies may be
             replaced by a new process that replays its stream (see the reliability page).
         isolate_rng: with ``num_workers=0``, give the pipeline its own ``random``/``torch``/
-            ``numpy`` global RNG states, seeded by DataLoader2 like a worker's and swapped in
-            around each item, so that the training loop's draws never change the data and a
-            restored epoch replays exactly (what it costs and what it cannot isolate: see the
-            contract and performance pages). ``False`` is upstream's behaviour.
+            ``numpy`` global RNG states, seeded like a worker's and swapped in around each item:
+            the training loop's draws never change the data and a restored epoch replays exactly
+            (costs and limits: see the contract and performance pages). ``False``: upstream's.
         read_ahead: with ``num_workers=0`` and ``isolate_rng``, produce items ahead of the user
-            within one swap of the RNG states, for throughput on cheap items; the data and the
-            checkpoints are the same, but the pipeline then runs before the user asks (its side
-            effects, and a value the training loop sets, are up to a batch of items early or
-            late: see the performance page). Default: each item is produced when asked for.
+            within one swap of the RNG states, for throughput on cheap items; same data and
+            checkpoints, but the pipeline's side effects happen up to a batch of items early (see
+            the performance page). Default: each item is produced when asked for.
         elastic: let a restore resume an epoch checkpointed with another ``num_workers`` (or,
             under ``DistributedReadingService``, another world size): the rest of the epoch
             delivers each element the user had not received exactly once, dealt over the new
@@ -141,30 +135,16 @@ class MultiProcessingReadingService(
 
     def _reset_runtime(self) -> None:
         """Everything that only exists between ``initialize`` and ``finalize``."""
-        self._runtime: Optional[Runtime] = None
-        self._outlet: Optional[Outlet] = None  # the last DataPipe: what the user received
+        self._session: Optional[Session] = None
         # The last DataPipe of the graph as adapted (upstream's name; code that introspects the
         # adapted graph, upstream's tests among it, looks there): the outlet's source.
         self._end_datapipe: Optional[DataPipe] = None
-        self._main_datapipes: List[DataPipe] = []  # the DataPipes that run in this process
-        self._epoch = NO_EPOCH
-        self._epoch_seed: Optional[dict] = None  # SeedGenerator state at the start of the epoch
-        self._graph = GraphIdentity("")  # the pipeline's fingerprint and arguments
-        self._sharding = (1, 0)  # (world_size, rank) of the graph's sharding filter
-        self._elastic: Optional[ElasticEpoch] = None  # the epoch resumed elastically (see _elastic)
-        self._pending: Optional[PendingRestore] = None  # planned by restore(), started by the next epoch
-        self._paused = False
-        self._initialized = False
         self._finalized = False
 
     # Upstream requires a reading service to be picklable before `initialize` (DataLoader2
     # clones it); the processes and pipes that exist afterwards are never pickled.
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        for key in list(state):
-            if key.startswith("_"):
-                del state[key]
-        return state
+        return {key: value for key, value in self.__dict__.items() if not key.startswith("_")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -175,14 +155,19 @@ class MultiProcessingReadingService(
     def initialize(self, datapipe: DataPipe) -> DataPipe:
         return self._initialize(datapipe, graph_identity(datapipe), sharding_of(datapipe))
 
-    def _initialize(self, datapipe: DataPipe, graph: GraphIdentity, sharding: Tuple[int, int]) -> DataPipe:
+    def _initialize(
+        self,
+        datapipe: DataPipe,
+        graph: GraphIdentity,
+        sharding: Tuple[int, int],
+        epoch: int = NO_EPOCH,
+        pending: Optional[PendingRestore] = None,
+    ) -> DataPipe:
         """``initialize``, with the graph's identity and sharding already computed (a restore
-        computes them to validate the state first)."""
-        if self._finalized:
-            raise ReadingServiceClosedError("the reading service was shut down; create a new one")
-        if self._initialized:
+        computes them to validate the state first), and the epoch a restore resumes from."""
+        self._check_open()
+        if self._session is not None:
             raise ReadingServiceError("initialize() was already called on this reading service")
-        self._graph, self._sharding = graph, sharding
         worker = WorkerOptions(self.worker_init_fn, self.worker_reset_fn, self.batching, self.restore_options)
         prefetch = (self.worker_prefetch_cnt, self.main_prefetch_cnt)
         runtime, outlet = start_runtime(
@@ -195,87 +180,61 @@ class MultiProcessingReadingService(
             self.isolate_rng,
             self.read_ahead,
         )
-        self._runtime, self._outlet, self._end_datapipe = runtime, outlet, runtime.end
-        self._main_datapipes = [dp for _, dp in graph_datapipes(outlet)]
-        self._initialized = True
+        self._session = Session(runtime, outlet, self.num_workers, graph, sharding, epoch, pending)
+        self._end_datapipe = runtime.end
         return outlet
 
     def _broken(self) -> bool:
-        return self._runtime is not None and self._runtime.broken is not None
+        return self._session is not None and self._session.broken
 
     @shut_down_when_broken
     def initialize_iteration(
         self, seed_generator: SeedGenerator, iter_reset_fn: Optional[Callable[[DataPipe], DataPipe]] = None
     ) -> Optional[Callable[[DataPipe], DataPipe]]:
-        runtime, outlet = self._running("initialize_iteration()")
-        pending, self._pending = self._pending, None
-        resume = rewind(pending, seed_generator)
-        self._epoch += 1
-        self._epoch_seed = seed_state(seed_generator)
-        advance_epoch_seed(seed_generator)
-        self._elastic = None if resume is None else resume.elastic
-        runtime.start_epoch(outlet, self._epoch, seed_generator, iter_reset_fn, resume)
-        outlet.start_epoch_at(self._epoch, None if resume is None else resume.checkpoint)
+        self._running("initialize_iteration()").start_epoch(seed_generator, iter_reset_fn)
         return None
 
     def finalize_iteration(self) -> None:
         pass
 
     def finalize(self) -> None:
-        """Stop every process and release the pipes. Idempotent, bounded.
-
-        Healthy processes are asked to terminate and get ``min(JOIN_TIMEOUT_S,
-        control_timeout_s)`` to exit; after a failure (a dead or stuck process, an interrupted
-        exchange) the survivors are killed at once, there being nothing to say goodbye to.
-        """
+        """Stop every process and release the pipes. Idempotent, bounded: healthy processes get
+        ``min(JOIN_TIMEOUT_S, control_timeout_s)`` to exit; after a failure (a dead or stuck
+        process, an interrupted exchange) the survivors are killed at once."""
         if getattr(self, "_finalized", True):
             return
         self._finalized = True
-        if self._runtime is not None:
-            self._runtime.shutdown(min(JOIN_TIMEOUT_S, self.fault_options.control_timeout_s))
+        if self._session is not None:
+            self._session.runtime.shutdown(min(JOIN_TIMEOUT_S, self.fault_options.control_timeout_s))
 
     # --- checkpoint / restore -------------------------------------------------------------------
 
     def checkpoint(self) -> Dict[str, Any]:  # type: ignore[override, unused-ignore]  # plain data, not bytes
         """The state ``DataLoader2.state_dict()`` stores: versioned plain data (see
-        :mod:`torchdata_snapshot._checkpoint`).
-
-        It describes what the *user* received: the epoch, its seeds, and per worker how many of
-        its items reached the user. Taking it does not talk to the workers, does not pause
-        anything and does not change the data; its size does not depend on the position.
+        :mod:`torchdata_snapshot._checkpoint`) describing what the *user* received: the epoch,
+        its seeds, per worker how many of its items reached the user. Taking it does not talk to
+        the workers, pause anything or change the data; its size does not grow with the position.
         """
         self._check_open()
-        running = None if self._runtime is None or self._outlet is None else (self._runtime, self._outlet)
-        return checkpoint_of(
-            running,
-            self.num_workers,
-            self._graph,
-            self._epoch,
-            self._epoch_seed,
-            self._sharding,
-            self._elastic,
-        )
+        if self._session is None:
+            return checkpoint_before_start(self.num_workers)
+        return self._session.checkpoint()
 
     def restore(self, datapipe: DataPipe, serialized_state: Any) -> DataPipe:
         """Start the service for ``datapipe`` so that its next epoch resumes ``serialized_state``.
 
-        The state is validated before any process starts
-        (:class:`~torchdata_snapshot.InvalidCheckpointError`,
-        :class:`~torchdata_snapshot.IncompatibleCheckpointError`). The epoch in progress restarts
-        with its recorded seeds and each worker replays, inside its process, the items the user
-        already received (from its latest captured graph state, when it has one). With
-        ``elastic=True``, a state taken with another ``num_workers`` or world size restarts the
-        epoch over the elements the user had not received (see :mod:`torchdata_snapshot._elastic`).
+        The state is validated before any process starts (``InvalidCheckpointError``,
+        ``IncompatibleCheckpointError``). The epoch restarts with its recorded seeds and each
+        worker replays the items the user already received (from its latest captured graph
+        state, if any). With ``elastic=True``, a state taken with another ``num_workers`` or world
+        size restarts the epoch over the elements the user had not received (see ``_elastic``).
         """
-        if self._finalized:
-            raise ReadingServiceClosedError("the reading service was shut down; create a new one")
+        self._check_open()
         state = Checkpoint.from_plain(serialized_state)
         sharding, graph = sharding_of(datapipe), graph_identity(datapipe)
         pending = plan_restore(state, datapipe, graph, sharding, self.num_workers, self.elastic)
-        end = self._initialize(datapipe, graph, sharding)
-        self._epoch = state.epoch if pending is None else state.epoch - 1
-        self._pending = pending
-        return end
+        epoch = state.epoch if pending is None else state.epoch - 1  # the last epoch started
+        return self._initialize(datapipe, graph, sharding, epoch, pending)
 
     # --- pause / resume / limit (upstream semantics) ------------------------------------------
 
@@ -283,23 +242,14 @@ class MultiProcessingReadingService(
     def _pause(
         self, pause_fn: Optional[Callable[[DataPipe], DataPipe]] = None
     ) -> Optional[Callable[[DataPipe], DataPipe]]:
-        """Pause main-process DataPipes (prefetchers, ``fullsync``), then the workers."""
-        runtime, _ = self._running("_pause()")
-        for dp in pausable(self._main_datapipes):
-            pause_datapipe(dp)
-        runtime.pause(pause_fn)
-        self._paused = True
+        self._running("_pause()").pause(pause_fn)
         return None
 
     @shut_down_when_broken
     def _resume(
         self, resume_fn: Optional[Callable[[DataPipe], DataPipe]] = None
     ) -> Optional[Callable[[DataPipe], DataPipe]]:
-        runtime, _ = self._running("_resume()")
-        runtime.resume(resume_fn)
-        for dp in reversed(pausable(self._main_datapipes)):
-            dp.resume()
-        self._paused = False
+        self._running("_resume()").resume(resume_fn)
         return None
 
     @shut_down_when_broken
@@ -309,30 +259,28 @@ class MultiProcessingReadingService(
         limit_fn: Optional[Callable[[DataPipe, Optional[int]], DataPipe]] = None,
     ) -> Optional[Callable[[DataPipe, Optional[int]], DataPipe]]:
         if limit_fn is not None:
-            runtime, outlet = self._running("_limit()")
-            runtime.limit(num_batches, limit_fn)
-            limit_fn(outlet, num_batches)
+            self._running("_limit()").limit(num_batches, limit_fn)
         return None
-
-    # --- the RFC: snapshot --------------------------------------------------------------------
 
     def _check_open(self) -> None:
         if self._finalized:
             raise ReadingServiceClosedError(
-                "the reading service was shut down (DataLoader2.shutdown() or finalize()); "
-                "its workers are gone, so there is no state to report"
+                "the reading service was shut down (DataLoader2.shutdown() or finalize()), and its "
+                "workers with it: create a new one"
             )
 
-    def _running(self, what: str) -> Tuple[Runtime, Outlet]:
-        """The runtime and the outlet, for ``what`` (a method's name) to use; raises
+    def _running(self, what: str) -> Session:
+        """The session, for ``what`` (a method's name) to use; raises
         :class:`ReadingServiceClosedError` after ``finalize()`` and :class:`ReadingServiceError`
         before ``initialize()``."""
         self._check_open()
-        if self._runtime is None or self._outlet is None:
+        if self._session is None:
             raise ReadingServiceError(
                 f"{what} needs a running reading service: create an iterator of the DataLoader2 first"
             )
-        return self._runtime, self._outlet
+        return self._session
+
+    # --- the RFC: snapshot --------------------------------------------------------------------
 
     @shut_down_when_broken
     def snapshot(self) -> List[WorkerSnapshot]:
@@ -344,13 +292,8 @@ class MultiProcessingReadingService(
         :class:`WorkerSnapshot`). Nothing about the order of the data changes.
         With ``num_workers=0`` the single snapshot describes the in-process graph.
         """
-        runtime, outlet = self._running("snapshot()")
-        with paused([] if self._paused else pausable(self._main_datapipes)):
-            return runtime.snapshot(outlet, self._epoch, self._paused)
+        return self._running("snapshot()").snapshot()
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(num_workers={self.num_workers}, "
-            f"multiprocessing_context={self.multiprocessing_context!r}, "
-            f"worker_prefetch_cnt={self.worker_prefetch_cnt}, main_prefetch_cnt={self.main_prefetch_cnt})"
-        )
+        names = ("num_workers", "multiprocessing_context", "worker_prefetch_cnt", "main_prefetch_cnt")
+        return f"{type(self).__name__}({', '.join(f'{name}={getattr(self, name)!r}' for name in names)})"

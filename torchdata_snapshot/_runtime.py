@@ -3,32 +3,32 @@
 Two runtimes have it: :class:`~torchdata_snapshot._in_process.InProcess` (``num_workers=0``: the
 whole graph runs in the main process) and :class:`~torchdata_snapshot._worker_pool.WorkerPool`
 (the replicable part runs in worker processes, and in a dispatching process what runs once). The
-reading service drives either through this protocol, behind the
-:class:`~torchdata_snapshot._outlet.Outlet` that counts what the user received.
+reading service's :class:`~torchdata_snapshot._session.Session` drives either through this
+protocol, behind the :class:`~torchdata_snapshot._outlet.Outlet` that counts what the user
+received.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Callable, List, Optional, Protocol, Tuple
 
 import torch.multiprocessing as mp
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.random import SeedGenerator
 
-from torchdata_snapshot._checkpoint import Checkpoint, GraphIdentity, WorkerPosition
+from torchdata_snapshot._checkpoint import WorkerPosition
 from torchdata_snapshot._consumer import credit_window
 from torchdata_snapshot._in_process import InProcess
 from torchdata_snapshot._options import FaultOptions, WorkerOptions
 from torchdata_snapshot._outlet import Outlet
 from torchdata_snapshot._positions import UserPositions
-from torchdata_snapshot._remaining import ElasticEpoch
 from torchdata_snapshot._restore_plan import PendingRestore
 from torchdata_snapshot._rng import IsolatedRNG
 from torchdata_snapshot._worker_pool import WorkerPool
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
-__all__ = ["Runtime", "checkpoint_of", "shut_down_when_broken", "start_runtime"]
+__all__ = ["Runtime", "shut_down_when_broken", "start_runtime"]
 
 
 class Runtime(Protocol):
@@ -105,38 +105,6 @@ def start_runtime(
     outlet.rng = runtime.rng
     outlet.read_ahead = read_ahead
     return runtime, outlet
-
-
-def checkpoint_of(
-    running: Optional[Tuple[Runtime, Outlet]],
-    num_workers: int,
-    graph: GraphIdentity,
-    epoch: int,
-    epoch_seed: Optional[dict],
-    sharding: Tuple[int, int],
-    elastic: Optional[ElasticEpoch],
-) -> Dict[str, Any]:
-    """The checkpoint at the user's position (``running``: the runtime and its outlet, ``None``
-    before the first epoch), as plain data: see :mod:`torchdata_snapshot._checkpoint`."""
-    if running is None or epoch < 0:
-        workers = (WorkerPosition(),) * num_workers
-        return Checkpoint(num_workers, graph, epoch=epoch, workers=workers, sharding=sharding).to_plain()
-    runtime, outlet = running
-    positions = outlet.positions
-    return Checkpoint(
-        num_workers=num_workers,
-        graph=graph,
-        epoch=epoch,
-        status="finished" if outlet.finished else "in_epoch",
-        seed=epoch_seed,
-        delivered=outlet.delivered,
-        replay_in_main=positions is None,
-        digest=None if positions is not None else outlet.digest,
-        workers=runtime.worker_positions(positions),
-        next_worker=0 if positions is None else positions.next_worker,
-        sharding=sharding,
-        remaining=() if elastic is None else tuple(level.taken for level in elastic.levels),
-    ).to_plain()
 
 
 def shut_down_when_broken(method: Callable[..., Any]) -> Callable[..., Any]:

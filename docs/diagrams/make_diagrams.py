@@ -70,7 +70,8 @@ STRUCTURE = (
             "main process (training loop)",
             [
                 ("DataLoader2", "upstream: iterates, saves, restores"),
-                ("MultiProcessingReadingService", "orchestrates DataLoader2's calls"),
+                ("MultiProcessingReadingService", "answers DataLoader2's calls"),
+                ("Session", "the running graph, the epoch in progress"),
                 ("Outlet", "last DataPipe: what the user received"),
                 ("UserPositions", "the user's position in each stream"),
                 ("Checkpoint", "versioned plain-data state"),

@@ -7,7 +7,7 @@ import os
 import random
 import signal
 import time
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import numpy
 import torch
@@ -454,10 +454,28 @@ class OffByOneState(IterDataPipe):
 # One place: a refactor of the reading service's internals is one edit here.
 
 
+def started_runtime(datapipe: Any, num_workers: int) -> Tuple[Any, Any]:
+    """``datapipe`` started as the reading service starts it, with small prefetch counts and
+    bounded waits, replaying rather than capturing states."""
+    from torchdata_snapshot._options import FaultOptions, RestoreOptions, WorkerOptions
+    from torchdata_snapshot._runtime import start_runtime
+
+    return start_runtime(
+        datapipe,
+        num_workers,
+        "fork",
+        (2, 2),
+        WorkerOptions(restore=RestoreOptions(stateful=False)),
+        FaultOptions(control_timeout_s=30.0, timeout_s=30.0),
+        isolate_rng=True,
+        read_ahead=False,
+    )
+
+
 def worker_processes(dl: Any) -> List[Any]:
     """The ``multiprocessing.Process`` of each worker of ``dl``'s reading service (shutdown
     closes them: read what you need before)."""
-    return list(dl.reading_service._runtime.launcher.workers)
+    return list(dl.reading_service._session.runtime.launcher.workers)
 
 
 def gone(pids: List[int]) -> bool:
@@ -475,13 +493,13 @@ def gone(pids: List[int]) -> bool:
 
 def kept_per_worker(dl: Any) -> List[int]:
     """Per worker, how many batches of digests and graph states the main process keeps."""
-    return [stream.kept_entries for stream in dl.reading_service._runtime.consumer.streams]
+    return [stream.kept_entries for stream in dl.reading_service._session.runtime.consumer.streams]
 
 
 def credit_outstanding(dl: Any) -> List[int]:
     """Per worker, the credit the main process granted beyond what it handed on: how far the
     worker may run ahead of the user right now."""
-    return [s.credit.granted - s.handed_on for s in dl.reading_service._runtime.consumer.streams]
+    return [s.credit.granted - s.handed_on for s in dl.reading_service._session.runtime.consumer.streams]
 
 
 def snapshot_when(dl: Any, done: Callable[[List[Any]], bool], timeout_s: float = 30) -> List[Any]:
@@ -496,7 +514,7 @@ def snapshot_when(dl: Any, done: Callable[[List[Any]], bool], timeout_s: float =
 
 def credit_window_of(dl: Any) -> int:
     """The credit kept outstanding per worker (items a worker may send ahead of the user)."""
-    return int(dl.reading_service._runtime.consumer.window)
+    return int(dl.reading_service._session.runtime.consumer.window)
 
 
 def kill_once_at_reset(marker: str, datapipe: Any, worker_info: Any, seed_generator: Any) -> Any:
