@@ -10,7 +10,7 @@ captures take less than 2% when items are slow). The first capture follows the f
 cost is unknown before) and a second one the next item: the first pays for one-time work (cold
 caches and code paths, numpy's layout check) and cost two to four times a later one,
 so that a restore early in an epoch replayed 25 ms of 1 ms items. The second one's cost paces
-the rest, at most ``state_interval`` items apart. A restore's replay starts the same way.
+the rest, at most ``max_items_between_captures`` items apart. A restore's replay starts the same way.
 
 A graph with a cheap state is captured often (restores replay little), one holding a large
 buffer less often (it costs little while streaming). Time spent waiting for credit does not
@@ -32,8 +32,8 @@ __all__ = ["CapturePacer"]
 class CapturePacer:
     """Paces one worker's captures; ``clock`` is ``time.perf_counter`` (tests pass their own)."""
 
-    def __init__(self, state_interval: int, clock: Callable[[], float]) -> None:
-        self.state_interval = state_interval
+    def __init__(self, max_items_between_captures: int, clock: Callable[[], float]) -> None:
+        self.max_items_between_captures = max_items_between_captures
         self.clock = clock
         self.start_epoch()
 
@@ -65,7 +65,7 @@ class CapturePacer:
         per_item_s = max(0.0, busy_s - self._last[0] - capture_s) / max(1, produced - self._last[1])
         wanted = capture_s / (CAPTURE_TIME_BUDGET * max(per_item_s, 1e-9))
         # Rounded down (1e-6: not below a whole count that float arithmetic missed by a hair).
-        self.next_capture = produced + max(1, min(self.state_interval, int(wanted + 1e-6)))
+        self.next_capture = produced + max(1, min(self.max_items_between_captures, int(wanted + 1e-6)))
         self._last = (busy_s, produced)
 
     def replayed(self, produced: int) -> None:

@@ -56,7 +56,7 @@ SMALL_ITEMS_PREFETCH_BYTES = 1 << 18
 SMALL_ITEMS_MAX_WINDOW = 512
 
 #: Stateful restore: by default, at most this many items between two captures of a graph's state.
-DEFAULT_STATE_INTERVAL = 1024
+DEFAULT_MAX_ITEMS_BETWEEN_CAPTURES = 1024
 
 #: Stateful restore: the share of a worker's production time that capturing its graph's state
 #: may take.

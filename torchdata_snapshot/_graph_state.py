@@ -3,7 +3,7 @@
 Replay costs as much as re-reading the items the user already received this epoch. When every
 DataPipe of a worker's graph can report its state and resume from it, the worker instead
 captures its graph's state as often as 1% of its production time allows, at most every
-``state_interval`` items (the states travel to the main process with the data), and a restore
+``max_items_between_captures`` items (the states travel to the main process with the data), and a restore
 loads the latest one at or before the user's position, then replays only the few items after
 it: restore time does not depend on the position.
 

@@ -105,7 +105,7 @@ whatever the main-process tail buffers. Each ``ItemsResponse`` carries the worke
 digest after each of its items (see :mod:`torchdata_snapshot._digest`). A stateful graph (see
 :mod:`torchdata_snapshot._graph_state`) also sends ``StateMarkResponse(position, state)`` right
 behind an item, as often as ``CAPTURE_TIME_BUDGET`` of its production time allows and at most
-every ``state_interval`` items. The checkpoint keeps, per worker, the running digest at the
+every ``max_items_between_captures`` items. The checkpoint keeps, per worker, the running digest at the
 user's position and the latest state strictly behind it (so that a restore always replays, and
 checks, at least one item), the epoch's seeds and the round-robin's next worker.
 

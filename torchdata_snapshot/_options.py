@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.utils.worker import WorkerInfo
 
-from torchdata_snapshot._constants import DEFAULT_CONTROL_TIMEOUT_S, DEFAULT_STATE_INTERVAL
+from torchdata_snapshot._constants import DEFAULT_CONTROL_TIMEOUT_S, DEFAULT_MAX_ITEMS_BETWEEN_CAPTURES
 
 __all__ = [
     "BatchingOptions",
@@ -83,10 +83,10 @@ class RestoreOptions:
             small item) and, on restore, check that the replayed items reproduce the one the
             checkpoint recorded at the user's position; raise
             :class:`~torchdata_snapshot.ReplayDivergenceError` if they do not.
-        state_interval: stateful restore: when every DataPipe of a worker's graph can report and
+        max_items_between_captures: stateful restore: when every DataPipe of a worker's graph can report and
             load its state (see the docs' contract page), the worker captures it after its
             first item and then as often as 1% of its production time allows, at most
-            ``state_interval`` items apart; a restore loads the latest one instead of replaying
+            ``max_items_between_captures`` items apart; a restore loads the latest one instead of replaying
             the epoch, so what it replays takes at most 100 captures' time (or one item) at any
             position.
         stateful: ``None`` restores from states where the graph allows it and replays elsewhere;
@@ -95,14 +95,16 @@ class RestoreOptions:
     """
 
     verify_replay: bool = True
-    state_interval: int = DEFAULT_STATE_INTERVAL
+    max_items_between_captures: int = DEFAULT_MAX_ITEMS_BETWEEN_CAPTURES
     stateful: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.verify_replay, bool):
             raise TypeError(f"verify_replay must be a bool, got {self.verify_replay!r}")
-        if _check_count("state_interval", self.state_interval) < 1:
-            raise ValueError("state_interval must be >= 1 (stateful=False turns state captures off)")
+        if _check_count("max_items_between_captures", self.max_items_between_captures) < 1:
+            raise ValueError(
+                "max_items_between_captures must be >= 1 (stateful=False turns state captures off)"
+            )
         if self.stateful not in (None, True, False):
             raise ValueError(f"stateful must be None, True or False, got {self.stateful!r}")
 

@@ -23,7 +23,7 @@ from torchdata.dataloader2.utils.worker import WorkerInfo
 from torchdata_snapshot._checkpoint import Checkpoint, GraphIdentity, graph_identity
 from torchdata_snapshot._constants import (
     DEFAULT_CONTROL_TIMEOUT_S,
-    DEFAULT_STATE_INTERVAL,
+    DEFAULT_MAX_ITEMS_BETWEEN_CAPTURES,
     JOIN_TIMEOUT_S,
     NO_EPOCH,
 )
@@ -76,7 +76,7 @@ class MultiProcessingReadingService(
         stateful: restore from captured graph states where the graph allows it (``None``, the
             default) and replay elsewhere; ``False`` always replays (and captures nothing);
             ``True`` requires it (a graph that cannot is an error at the first ``iter()``).
-        state_interval: at most this many items between two captures of a worker's graph
+        max_items_between_captures: at most this many items between two captures of a worker's graph
             state (captures are otherwise paced to 1% of the worker's time).
         control_timeout_s: bound on waiting for the answer to a control request (pause, state,
             epoch reset); a process's first answer gets at least 120 s (it may be starting).
@@ -109,7 +109,7 @@ class MultiProcessingReadingService(
         batching: BatchingOptions = BatchingOptions(),
         verify_replay: bool = True,
         stateful: Optional[bool] = None,
-        state_interval: int = DEFAULT_STATE_INTERVAL,
+        max_items_between_captures: int = DEFAULT_MAX_ITEMS_BETWEEN_CAPTURES,
         control_timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S,
         timeout_s: Optional[float] = None,
         restart_dead_workers: int = 0,
@@ -126,7 +126,7 @@ class MultiProcessingReadingService(
         self.worker_init_fn = worker_init_fn
         self.worker_reset_fn = worker_reset_fn
         self.batching = check_type("batching", batching, BatchingOptions)
-        self.restore_options = RestoreOptions(verify_replay, state_interval, stateful)
+        self.restore_options = RestoreOptions(verify_replay, max_items_between_captures, stateful)
         self.fault_options = FaultOptions(control_timeout_s, timeout_s, restart_dead_workers)
         self.isolate_rng = bool(isolate_rng)
         self.read_ahead = check_type("read_ahead", read_ahead, bool)

@@ -122,7 +122,7 @@ class WorkerLoop(ServingLoop):
         # to time when every DataPipe of the graph can resume from a state.
         self.stateful = False
         self.graph_state = GraphState(state_functions)
-        self.pacer = CapturePacer(options.restore.state_interval, time.perf_counter)
+        self.pacer = CapturePacer(options.restore.max_items_between_captures, time.perf_counter)
         if self.init_error is None:
             try:
                 self.datapipe, self.stateful = _maybe_resumable(datapipe, options, self.graph_state)

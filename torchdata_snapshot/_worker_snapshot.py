@@ -69,8 +69,3 @@ class WorkerSnapshot:
     sent_per_worker: Tuple[int, ...] = ()
     received_from_dispatcher: int = 0
     stateful: bool = False
-
-    @property
-    def delivered(self) -> int:
-        """Former name of :attr:`handed_on` (kept for compatibility)."""
-        return self.handed_on

@@ -39,7 +39,7 @@ def produce(
 
 def test_the_first_two_captures_follow_the_first_two_items() -> None:
     clock = FakeClock()
-    pacer = CapturePacer(state_interval=1024, clock=clock)
+    pacer = CapturePacer(max_items_between_captures=1024, clock=clock)
     assert produce(pacer, clock, 2, item_s=1e-6, capture_s=1e-3) == [1, 2]
 
 
@@ -48,7 +48,7 @@ def test_a_dear_first_capture_does_not_space_the_rest() -> None:
     its 1 ms, the next one would come 100 items of 1 ms later, and a restore before it would
     replay up to 100 ms; the second capture's 67 us paces the rest, 6 items apart."""
     clock = FakeClock()
-    pacer = CapturePacer(state_interval=1024, clock=clock)
+    pacer = CapturePacer(max_items_between_captures=1024, clock=clock)
     assert produce(pacer, clock, 20, item_s=1e-3, capture_s=67e-6, first_s=1e-3) == [1, 2, 8, 14, 20]
 
 
@@ -59,14 +59,14 @@ def test_a_dear_first_capture_does_not_space_the_rest() -> None:
         (20e-3, 300e-6, 1),  # slow items: 1.5 -> every item, so a restore replays one item
         (20e-3, 100e-6, 1),  # a capture cheaper than 1% of an item: every item
         (20e-3, 5.1e-3, 25),  # a dear capture (a large buffer): 24 items replayed, 480 ms <= 510
-        (1e-6, 67e-6, 1024),  # tiny items: state_interval bounds the count
+        (1e-6, 67e-6, 1024),  # tiny items: max_items_between_captures bounds the count
     ],
 )
 def test_captures_are_spaced_so_that_the_replay_between_two_takes_at_most_100_captures(
     item_s: float, capture_s: float, spacing: int
 ) -> None:
     clock = FakeClock()
-    pacer = CapturePacer(state_interval=1024, clock=clock)
+    pacer = CapturePacer(max_items_between_captures=1024, clock=clock)
     captured = produce(pacer, clock, 2 + 3 * spacing, item_s, capture_s)
     assert captured == [1] + [2 + i * spacing for i in range(4)]
     replay_s = (spacing - 1) * item_s  # a restore right before the next capture
@@ -77,7 +77,7 @@ def test_waiting_for_credit_is_not_production() -> None:
     """A worker far ahead of a slow training step waits between items: had the waits counted as
     production, items would look 1,000 times dearer and every item would be captured."""
     clock = FakeClock()
-    pacer = CapturePacer(state_interval=1024, clock=clock)
+    pacer = CapturePacer(max_items_between_captures=1024, clock=clock)
     captured = []
     for produced in range(1, 21):
         clock.now += 1.0  # waiting for credit, outside production
@@ -95,7 +95,7 @@ def test_replayed_items_do_not_pace_captures() -> None:
     paced by the items produced since, not by an average over the replayed ones: the first two
     follow the first two items produced, as at an epoch's start."""
     clock = FakeClock()
-    pacer = CapturePacer(state_interval=1024, clock=clock)
+    pacer = CapturePacer(max_items_between_captures=1024, clock=clock)
     pacer.start_producing()
     pacer.replayed(100)
     for produced in (101, 102):

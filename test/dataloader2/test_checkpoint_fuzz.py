@@ -40,7 +40,7 @@ EXAMPLES = int(os.environ.get("TORCHDATA_SNAPSHOT_FUZZ_EXAMPLES", "40"))
 
 #: name -> (pipeline, items, reading-service options, position of the checkpoint)
 SAVED = {
-    "stateful": ("stateful_source", 300, {"num_workers": 2, "state_interval": 4}, 37),
+    "stateful": ("stateful_source", 300, {"num_workers": 2, "max_items_between_captures": 4}, 37),
     "replay": ("shuffle_after_sharding", 200, {"num_workers": 2, "stateful": False}, 23),
     "in_process": ("global_rng", 100, {"num_workers": 0}, 11),
     "main_tail": ("non_replicable_tail", 100, {"num_workers": 2}, 9),

@@ -82,7 +82,9 @@ def test_cycle_after_sharding_resumes_exactly_from_captured_states(
     resumer: Resumer, via: str, context: str
 ) -> None:
     """The second pass of cycle() iterates the sharding filter afresh, not from the loaded state."""
-    config = Config("sharding_under_cycle", 3, context=context, rs_options=(("state_interval", 3),))
+    config = Config(
+        "sharding_under_cycle", 3, context=context, rs_options=(("max_items_between_captures", 3),)
+    )
     check_contract(resumer, config, resolve_positions(config, ["one", "middle"]), via=via)
 
 
@@ -139,7 +141,7 @@ def test_prefetch_counts_may_change_on_restore(resumer: Resumer, prefetch: Any) 
 
 
 RESUMABLE_SHAPES = [shape for shape in SHAPES if shape not in REPLAYED_ONLY]
-STATEFUL = (("stateful", True), ("state_interval", 3))
+STATEFUL = (("stateful", True), ("max_items_between_captures", 3))
 
 
 def stateful_matrix(full: bool) -> List[Any]:

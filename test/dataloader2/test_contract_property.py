@@ -62,7 +62,7 @@ def test_restoring_from_states_gives_what_replay_gives(
     resumer: Resumer, shape: str, num_workers: int, prefetch: int, interval: int, n: int, data: st.DataObject
 ) -> None:
     # check_contract compares with the uninterrupted run, which is also what replay restores.
-    options = (("stateful", True), ("state_interval", interval))
+    options = (("stateful", True), ("max_items_between_captures", interval))
     config = Config(shape, num_workers, prefetch, prefetch, n=n, rs_options=options)
     length = len(reference(config, 4)[1])
     check_contract(resumer, config, [data.draw(st.integers(min_value=0, max_value=length), label="k")])

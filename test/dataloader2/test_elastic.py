@@ -111,7 +111,7 @@ def test_any_elastic_resume_delivers_each_remaining_element_exactly_once(
     stateful: bool,
     data: st.DataObject,
 ) -> None:
-    options = (("stateful", stateful), ("state_interval", 3))
+    options = (("stateful", stateful), ("max_items_between_captures", 3))
     config = Config(shape, old, prefetch, prefetch, n=n, epoch=epoch, rs_options=options)
     length = len(reference(config, epoch + 3)[epoch])
     k = data.draw(st.integers(min_value=0, max_value=length), label="k")
@@ -131,7 +131,7 @@ def test_more_and_fewer_workers_at_the_middle_of_an_epoch(
 def test_a_checkpoint_of_an_elastic_epoch_resumes_exactly_and_elastically_again(resumer: Resumer) -> None:
     """Two elastic resumes in one epoch (2 -> 3 -> 1 workers), then an exact one (1 -> 1) from a
     graph state captured in the elastic epoch: still every element exactly once."""
-    options = (("stateful", True), ("state_interval", 2))
+    options = (("stateful", True), ("max_items_between_captures", 2))
     config = Config("map_filter_batch", 2, n=300, epoch=0, rs_options=options)
     run, [(_, first_state)] = take_states(config, [10])
     got, state = list(run[0][:10]), encode_state(first_state, "pickle")
@@ -281,9 +281,9 @@ def test_new_workers_start_the_pre_sharding_part_from_an_old_workers_captured_st
     before the first remaining element."""
     n, k = 20_000, 5_000
     epoch = list(make_dl(pipeline("shuffle_before_sharding", n), rs(2)))
-    dl = make_dl(pipeline("shuffle_before_sharding", n), rs(2, state_interval=8))
+    dl = make_dl(pipeline("shuffle_before_sharding", n), rs(2, max_items_between_captures=8))
     before = take(iter(dl), k)
-    resumed = restore(dl.state_dict(), rs(3, elastic=True, state_interval=8))
+    resumed = restore(dl.state_dict(), rs(3, elastic=True, max_items_between_captures=8))
     it = iter(resumed)
     after = [next(it)]
     source_yields = [

@@ -101,7 +101,9 @@ def test_the_main_process_keeps_no_digests_or_states_behind_what_it_may_need(
 ) -> None:
     """Digests and graph states behind the user's position (or, when a main-process tail hides
     it, behind what was received) are dropped as they arrive: memory does not grow with k."""
-    dl = make_dl(pipeline(shape, 6_000), rs(2, state_interval=16, batching=BatchingOptions(max_items=4)))
+    dl = make_dl(
+        pipeline(shape, 6_000), rs(2, max_items_between_captures=16, batching=BatchingOptions(max_items=4))
+    )
     it = iter(dl)
     take(it, 4_000)
     window = credit_window_of(dl)  # the items a worker may have sent ahead of the user
@@ -248,7 +250,7 @@ def test_a_pipeline_that_does_not_replay_is_detected(make_dl: Any, num_workers: 
 DIVERGENCE_CONFIGS = {
     "in_process": (0, {}, False),
     "workers": (2, {"stateful": False}, False),
-    "workers_from_states": (2, {"state_interval": 1}, False),
+    "workers_from_states": (2, {"max_items_between_captures": 1}, False),
     "main_process_tail": (2, {}, True),
 }
 
@@ -291,7 +293,7 @@ def test_a_shard_order_no_seed_reproduces_is_detected_early_in_the_epoch(
 def test_a_checkpoint_always_restores_from_a_state_strictly_behind_the_user(make_dl: Any) -> None:
     """With a state captured after every item, each checkpoint still picks one behind the user's
     position, so that a restore replays (and checks) at least one item."""
-    dl = make_dl(pipeline("stateful_source", 200), rs(2, state_interval=1))
+    dl = make_dl(pipeline("stateful_source", 200), rs(2, max_items_between_captures=1))
     it = iter(dl)
     for _ in range(40):
         next(it)
@@ -308,9 +310,9 @@ def test_a_wrong_state_is_caught_even_when_captured_at_the_users_position(make_d
     (At k=1 no worker has a state behind its position: the restore replays from the start.)"""
     build = lambda: OffByOneState(300).sharding_filter().map(double)  # noqa: E731
     reference = list(make_dl(build(), rs(2)))
-    dl = make_dl(build(), rs(2, state_interval=1))
+    dl = make_dl(build(), rs(2, max_items_between_captures=1))
     take(iter(dl), k)
-    again = restored(make_dl, dl.state_dict(), rs(2, state_interval=1))
+    again = restored(make_dl, dl.state_dict(), rs(2, max_items_between_captures=1))
     if k == 1:
         assert list(again) == reference[k:]
         return

@@ -41,7 +41,9 @@ def killing(marker: Path, k: int, n: int = 120) -> Any:
 
 @pytest.mark.parametrize("k", [0, 5, 60, 119])
 @pytest.mark.parametrize("prefetch", [(0, 0), (10, 10)])
-@pytest.mark.parametrize("restore", [{"stateful": False}, {"state_interval": 8}], ids=["replay", "states"])
+@pytest.mark.parametrize(
+    "restore", [{"stateful": False}, {"max_items_between_captures": 8}], ids=["replay", "states"]
+)
 def test_a_killed_worker_is_replaced_and_the_data_is_exactly_the_same(
     make_dl: Any, tmp_path: Path, k: int, prefetch: Any, restore: Dict[str, Any]
 ) -> None:
@@ -169,7 +171,7 @@ def test_a_worker_dying_during_the_epoch_reset_is_replaced(make_dl: Any, tmp_pat
 def test_a_worker_dying_during_the_replay_of_a_restore_is_replaced(
     make_dl: Any, tmp_path: Path, stateful: bool
 ) -> None:
-    options = dict(stateful=stateful, state_interval=10)
+    options = dict(stateful=stateful, max_items_between_captures=10)
     # The 70th item is replayed by any restore after it (a graph state is strictly behind the
     # user's position): the worker producing it dies there, once, when the marker exists.
     k = list(make_dl(killing(tmp_path / "absent", 0), rs(2, **options)))[69] // 2  # (killing() doubles)

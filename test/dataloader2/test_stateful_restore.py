@@ -34,12 +34,12 @@ def test_workers_report_whether_they_restore_from_states(make_dl: Any) -> None:
 
 def test_a_restore_far_into_the_epoch_recomputes_only_a_bounded_stretch(make_dl: Any) -> None:
     n, k = 40_000, 15_000
-    reference = list(make_dl(pipeline("stateful_source", n), rs(2, state_interval=64)))
-    dl = make_dl(pipeline("stateful_source", n), rs(2, state_interval=64))
+    reference = list(make_dl(pipeline("stateful_source", n), rs(2, max_items_between_captures=64)))
+    dl = make_dl(pipeline("stateful_source", n), rs(2, max_items_between_captures=64))
     it = iter(dl)
     take(it, k)
     state = dl.state_dict()
-    again = restore(state, state_interval=64)
+    again = restore(state, max_items_between_captures=64)
     try:
         it2 = iter(again)
         assert next(it2) == reference[k]
@@ -58,7 +58,7 @@ def test_a_restore_far_into_the_epoch_recomputes_only_a_bounded_stretch(make_dl:
 
 
 def test_a_restore_early_in_the_epoch_recomputes_only_a_bounded_stretch(make_dl: Any) -> None:
-    """Captures start after the first item and are paced by time, not by ``state_interval``
+    """Captures start after the first item and are paced by time, not by ``max_items_between_captures``
     (1,024 items, far beyond this position): 5 ms items are captured every item or two, and still
     every few items on a loaded machine, where a capture's CPU time can triple."""
     n, k = 400, 200
@@ -94,11 +94,12 @@ def test_stateful_and_replay_restores_give_the_same_data(make_dl: Any) -> None:
     reference = list(make_dl(pipeline("shuffle_after_sharding", 500), rs(2)))
     for stateful, interval in [(True, 16), (False, 16), (None, 16)]:
         dl = make_dl(
-            pipeline("shuffle_after_sharding", 500), rs(2, stateful=stateful, state_interval=interval)
+            pipeline("shuffle_after_sharding", 500),
+            rs(2, stateful=stateful, max_items_between_captures=interval),
         )
         it = iter(dl)
         head = take(it, 301)
-        again = restore(dl.state_dict(), stateful=stateful, state_interval=interval)
+        again = restore(dl.state_dict(), stateful=stateful, max_items_between_captures=interval)
         try:
             assert head + list(again) == reference, (stateful, interval)
         finally:
@@ -123,7 +124,7 @@ def test_stateful_true_refuses_a_dispatching_process(make_dl: Any) -> None:
 
 
 def test_a_failing_load_state_dict_is_a_clear_error(make_dl: Any) -> None:
-    dl = make_dl(CountingStateful(400).sharding_filter(), rs(2, state_interval=8))
+    dl = make_dl(CountingStateful(400).sharding_filter(), rs(2, max_items_between_captures=8))
     take(iter(dl), 100)
     state = dl.state_dict()
     failing = DataLoader2.from_state(state, rs(2))
@@ -180,7 +181,7 @@ def numbers_load(dp, state):
 
 def reading_service(context):
     return MultiProcessingReadingService(
-        num_workers=2, multiprocessing_context=context, stateful=True, state_interval=64
+        num_workers=2, multiprocessing_context=context, stateful=True, max_items_between_captures=64
     )
 
 

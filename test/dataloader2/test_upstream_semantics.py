@@ -42,7 +42,9 @@ def test_the_end_datapipe_is_the_last_datapipe_of_the_adapted_graph(make_dl: Any
 
 
 @pytest.mark.parametrize("via", ["from_state", "load_state_dict"])
-@pytest.mark.parametrize("options", [{"num_workers": 0}, {"stateful": False}, {"state_interval": 2}])
+@pytest.mark.parametrize(
+    "options", [{"num_workers": 0}, {"stateful": False}, {"max_items_between_captures": 2}]
+)
 def test_restore_checkpoint_beginning_of_epoch_restarts_the_saved_epoch(
     make_dl: Any, via: str, options: Any
 ) -> None:

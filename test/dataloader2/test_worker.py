@@ -26,12 +26,14 @@ def serve(
     batching: BatchingOptions = BatchingOptions(),
     init_error: Optional[Any] = None,
     verify_replay: bool = True,
-    state_interval: int = 1024,
+    max_items_between_captures: int = 1024,
 ) -> List[Any]:
     """Send ``requests`` one by one (then a terminate), letting the loop finish the work of each
     before the next; return the responses (read after each request: a pipe is bounded)."""
     channel, endpoint, _ = make_pipe_pair()
-    restore = RestoreOptions(verify_replay=verify_replay, state_interval=state_interval)
+    restore = RestoreOptions(
+        verify_replay=verify_replay, max_items_between_captures=max_items_between_captures
+    )
     options = WorkerOptions(batching=batching, restore=restore)
     loop = WorkerLoop(datapipe, endpoint, WorkerInfo(1, 0), options=options, init_error=init_error)
     responses = []
@@ -506,7 +508,7 @@ def test_captures_are_paced_by_production_time_not_by_waits_for_credit(
     clock = FakeClock()
     monkeypatch.setattr(worker, "time", clock)
     channel, endpoint, _ = make_pipe_pair()
-    options = WorkerOptions(restore=RestoreOptions(state_interval=100))
+    options = WorkerOptions(restore=RestoreOptions(max_items_between_captures=100))
     loop = WorkerLoop(Timed(clock, 1000), endpoint, WorkerInfo(1, 0), options=options)
     positions = []
 
