@@ -9,6 +9,7 @@ and every upstream behaviour keeps working, plus :meth:`MultiProcessingReadingSe
 
 from torchdata_snapshot._elastic import gather_elastic_state, register_elastic
 from torchdata_snapshot._errors import (
+    ChangedFileError,
     CheckpointError,
     IncompatibleCheckpointError,
     InvalidCheckpointError,
@@ -31,6 +32,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchingOptions",
+    "ChangedFileError",
     "CheckpointError",
     "IncompatibleCheckpointError",
     "InvalidCheckpointError",

@@ -30,11 +30,15 @@ from torchdata.dataloader2.utils.dispatch import (
     find_lca_round_robin_sharding_dp,
     find_non_dispatching_branches,
 )
+from torchdata.datapipes.iter import Decompressor as DecompressorIterDataPipe
 from torchdata.datapipes.iter import FlatMapper as FlatMapperIterDataPipe
 from torchdata.datapipes.iter import Prefetcher as PrefetcherIterDataPipe
 from torchdata.datapipes.iter.util.randomsplitter import _RandomSplitterIterDataPipe
+from torchdata.datapipes.iter.util.webdataset import pathsplit
 
 __all__ = [
+    "compression_type",
+    "decompressor_of",
     "DispatchPlaceholder",
     "ExceptionWrapper",
     "RandomSplitterIterDataPipe",
@@ -53,6 +57,7 @@ __all__ = [
     "seed_engine_states",
     "shuffler_settings",
     "unbatch_dive",
+    "webdataset_pathsplit",
 ]
 
 #: The placeholder DataLoader2 puts where the dispatched part of a graph was.
@@ -61,6 +66,20 @@ DispatchPlaceholder = _DummyIterDataPipe
 #: The DataPipe ``random_split`` shares between its outputs (its ``weights`` are those left in
 #: the epoch: they change as it draws).
 RandomSplitterIterDataPipe = _RandomSplitterIterDataPipe
+
+
+def compression_type(decompressor: DecompressorIterDataPipe, path: str) -> str:
+    """The name of the compression upstream's ``Decompressor`` applies to the file at ``path``."""
+    return str(decompressor._detect_compression_type(path).value)
+
+
+def decompressor_of(file_type: str) -> Callable[[Any], Any]:
+    """Upstream ``Decompressor``'s function for the compression named ``file_type``."""
+    return DecompressorIterDataPipe._DECOMPRESSORS[DecompressorIterDataPipe.types(file_type)]
+
+
+#: Upstream ``WebDataset``'s split of a member's path into ``(key, extension)``.
+webdataset_pathsplit: Callable[[str], Tuple[str, str]] = pathsplit
 
 
 def find_replicable_branches(graph: Any) -> List[DataPipe]:

@@ -14,6 +14,7 @@ questions that matter on a bad day: "did a process fail?" and "does this checkpo
     └── CheckpointError                  a checkpoint cannot be taken or used
         ├── StateCaptureError            a DataPipe's state could not be taken or pickled
         ├── StateRestoreError            a DataPipe's ``load_state_dict`` failed
+        │   └── ChangedFileError         a file being read when the state was taken changed
         ├── InvalidCheckpointError       truncated, corrupted or of another format version
         ├── IncompatibleCheckpointError  valid, but for another ``num_workers`` or pipeline
         └── ReplayDivergenceError        replay did not reproduce the recorded items
@@ -26,6 +27,7 @@ not wrapped in these classes.
 from __future__ import annotations
 
 __all__ = [
+    "ChangedFileError",
     "CheckpointError",
     "IncompatibleCheckpointError",
     "InvalidCheckpointError",
@@ -82,6 +84,11 @@ class StateCaptureError(CheckpointError):
 
 class StateRestoreError(CheckpointError):
     """Loading a state into a DataPipe failed (its ``load_state_dict()`` raised)."""
+
+
+class ChangedFileError(StateRestoreError):
+    """A file a reader was reading when the state was taken is gone, or its size or modification
+    time changed: resuming in it would hand out other records. The message names the file."""
 
 
 class InvalidCheckpointError(CheckpointError, ValueError):

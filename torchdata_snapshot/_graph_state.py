@@ -19,8 +19,9 @@ by its sources' future output plus a small state:
 * upstream DataPipes whose state lives in generator frames are replaced, in the worker, by
   equivalents that keep it in attributes (``_equivalents``): ``IterableWrapper``
   (over a sequence or range), ``Shuffler`` (buffer and RNG), ``UnBatcher``, ``Header``,
-  ``Cycler``, ``Concater``, ``Multiplexer``, ``FileLister``; they yield exactly what the
-  originals yield, epoch after epoch;
+  ``Cycler``, ``Concater``, ``Multiplexer``, ``FileLister``; and the readers, which open,
+  decompress, unpack and parse files (``_readers``); they yield exactly what the originals
+  yield, epoch after epoch;
 * any DataPipe with ``state_dict()`` and ``load_state_dict(state)`` methods, or whose type was
   registered with :func:`~torchdata_snapshot.register_state_functions` (``_state_functions``).
   ``load_state_dict`` is
@@ -54,6 +55,7 @@ from torchdata_snapshot._compat import iterator_id
 from torchdata_snapshot._equivalents import ADAPTERS, STATELESS, ResumableCycler
 from torchdata_snapshot._errors import StateCaptureError, StateRestoreError
 from torchdata_snapshot._graph import datapipe_state_dicts, describe_datapipe, graph_datapipes
+from torchdata_snapshot._readers import READER_ADAPTERS, READER_STATELESS
 from torchdata_snapshot._resumable import Resumable
 from torchdata_snapshot._rng import (
     check_global_rng_state,
@@ -67,6 +69,11 @@ from torchdata_snapshot._state_functions import StateFunctions, registered_state
 __all__ = ["GraphState", "unpack_graph_state"]
 
 _RNG_KEY = "__global_rng__"
+
+#: How each upstream DataPipe type that keeps state in a generator frame is made resumable, and
+#: the upstream types that hold no state at a yield point.
+_ADAPTERS = {**ADAPTERS, **READER_ADAPTERS}
+_STATELESS = STATELESS + READER_STATELESS
 
 
 def _has_methods(dp: DataPipe) -> bool:
@@ -110,9 +117,9 @@ class GraphState:
     def unresumable(self, datapipe: DataPipe) -> Optional[str]:
         """``None`` if the graph can resume from captured states, else the first DataPipe that cannot."""
         for _, dp in graph_datapipes(datapipe):
-            if type(dp) in STATELESS or self._functions(dp) is not None or _has_methods(dp):
+            if type(dp) in _STATELESS or self._functions(dp) is not None or _has_methods(dp):
                 continue
-            adapter = ADAPTERS.get(type(dp))
+            adapter = _ADAPTERS.get(type(dp))
             if adapter is None or adapter(dp) is None:
                 return describe_datapipe(dp)
         return None
@@ -122,7 +129,7 @@ class GraphState:
         their equivalents. ``ShardingFilter`` stays: ``DataLoader2`` finds it by its exact type."""
         graph = traverse_dps(datapipe)
         for _, dp in graph_datapipes(datapipe):
-            adapter = ADAPTERS.get(type(dp))
+            adapter = _ADAPTERS.get(type(dp))
             if adapter is not None and not _has_methods(dp):
                 replacement = adapter(dp)
                 if replacement is not None:
@@ -194,6 +201,8 @@ class GraphState:
                     functions[1](dp, states[key])
                 else:
                     dp.load_state_dict(states[key])
+            except StateRestoreError:
+                raise  # it says what is wrong (a file that changed)
             except Exception as e:
                 what = f"load_state_dict() of DataPipe {key} ({describe_datapipe(dp)})"
                 raise StateRestoreError(f"{what} raised {type(e).__name__}: {e}") from e

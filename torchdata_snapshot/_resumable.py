@@ -7,7 +7,7 @@ checked at once (field by field, :func:`expect_state`) and used by the next iter
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from torch.utils.data import IterDataPipe
 
@@ -33,7 +33,16 @@ class Resumable(IterDataPipe):
     and used by the next iteration, once."""
 
     STATE: Dict[str, Any] = {}
+    #: Attributes that hold the iteration in progress (open streams among them): not pickled
+    #: when the graph is (DataLoader2 and the graph's traversal pickle it); class defaults stand in.
+    TRANSIENT: Tuple[str, ...] = ()
     _pending: Optional[Dict[str, Any]] = None
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in self.TRANSIENT}
+        if IterDataPipe.getstate_hook is not None:
+            return IterDataPipe.getstate_hook(state)
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self._pending = self._check_state(expect_state(state, type(self).__name__, **self.STATE))

@@ -7,6 +7,7 @@ import torchdata_snapshot as package
 
 PUBLIC_NAMES = [
     "BatchingOptions",
+    "ChangedFileError",
     "CheckpointError",
     "IncompatibleCheckpointError",
     "InvalidCheckpointError",

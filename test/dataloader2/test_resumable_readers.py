@@ -1,0 +1,108 @@
+"""Resumable readers, on their own: streams that know their origin and open again, a reader
+loaded with the state it reported after k items yields the rest exactly, and a file that
+changed is refused when the state is loaded."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import tarfile
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+from torch.utils.data.datapipes.utils.common import StreamWrapper
+from torchdata.datapipes.iter import FileOpener, IterableWrapper
+
+from torchdata_snapshot._errors import ChangedFileError, StateCaptureError
+from torchdata_snapshot._readers import READER_ADAPTERS, ResumableReader, StreamMaker
+from torchdata_snapshot._streams import describe, origin_of, rebuild
+
+
+def adapted(dp: Any) -> Any:
+    replacement = READER_ADAPTERS[type(dp)](dp)
+    assert replacement is not None
+    return replacement
+
+
+@pytest.fixture
+def texts(tmp_path: Path) -> List[str]:
+    paths = []
+    for i in range(3):
+        path = tmp_path / f"{i}.txt"
+        path.write_text("".join(f"file {i} line {j}\n" for j in range(4 + i)))
+        paths.append(str(path))
+    return paths
+
+
+def opened(paths: List[str], mode: str = "r") -> Any:
+    return adapted(FileOpener(IterableWrapper(paths), mode=mode))
+
+
+def test_an_opened_file_knows_its_origin_and_opens_again_at_its_start(texts: List[str]) -> None:
+    path, stream = next(iter(opened(texts)))
+    first = stream.readline()
+    again = rebuild(describe((path, stream)))
+    assert again[0] == path and origin_of(again[1]) == origin_of(stream)
+    assert again[1].readline() == first
+    stream.close()
+    again[1].close()
+
+
+def test_a_decompressed_stream_opens_again_from_its_compressed_file(tmp_path: Path) -> None:
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(b"zipped line\n"))
+    decompressed = adapted(opened([str(tmp_path / "a.txt.gz")], "b").decompress())
+    path, stream = next(iter(decompressed))
+    again = rebuild(describe(stream))
+    assert again.read() == stream.read() == b"zipped line\n"
+
+
+def test_a_stream_that_cannot_be_opened_again_is_not_captured() -> None:
+    with pytest.raises(StateCaptureError, match="cannot be opened again"):
+        describe(("path", StreamWrapper(io.BytesIO(b"x"))))
+
+
+@pytest.mark.parametrize("k", [0, 1, 4, 9, 11])
+def test_a_reader_loaded_with_its_state_after_k_lines_yields_the_rest(texts: List[str], k: int) -> None:
+    everything = list(adapted(opened(texts).readlines()))
+    reader = adapted(opened(texts).readlines())
+    assert isinstance(reader, ResumableReader)
+    it = iter(reader)
+    head = [next(it) for _ in range(k)]
+    state = reader.state_dict()
+    # The source is where it was after the element in progress: a FileOpener over the rest.
+    started = len({path for path, _ in head})
+    fresh = adapted(opened(texts[started:]).readlines())
+    fresh.load_state_dict(state)
+    assert head + list(fresh) == everything
+
+
+def test_archive_members_know_their_origin(tmp_path: Path) -> None:
+    with tarfile.open(tmp_path / "a.tar", "w") as tar:
+        for name in ("x.txt", "y.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(name[:1].encode()))
+    members = adapted(opened([str(tmp_path / "a.tar")], "b").load_from_tar())
+    got = []
+    for path, stream in members:
+        again = rebuild(describe(stream))  # held: a StreamWrapper closes its file when collected
+        got.append((os.path.basename(path), stream.read(), again.read()))
+    assert got == [("x.txt", b"x", b"x"), ("y.txt", b"y", b"y")]
+
+
+def test_a_file_changed_since_the_state_is_refused_when_it_is_loaded(texts: List[str]) -> None:
+    reader = adapted(opened(texts).readlines())
+    it = iter(reader)
+    next(it)
+    state = reader.state_dict()
+    with open(texts[0], "a") as f:
+        f.write("one more line\n")
+    with pytest.raises(ChangedFileError, match=texts[0]):
+        adapted(opened(texts).readlines()).load_state_dict(state)
+
+
+def test_openers_hold_nothing_at_a_yield_point(texts: List[str]) -> None:
+    maker = opened(texts)
+    assert isinstance(maker, StreamMaker) and not hasattr(maker, "state_dict")
