@@ -235,6 +235,76 @@ def _dispatch(n: int) -> IterDataPipe:
     )
 
 
+# --- files on disk, opened and parsed after sharding ---------------------------------------------
+
+
+def _written_once(path: str, write: Callable[[str], None]) -> str:
+    """``path``, written by ``write(tmp)`` if it does not exist yet (atomically: processes that
+    build the same pipeline share it, and a file must not change once read)."""
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        write(tmp)
+        os.replace(tmp, path)
+    return path
+
+
+def _write_lines(shard: int, records: range, path: str) -> None:
+    with open(path, "w") as f:
+        f.writelines(f"record {r} of shard {shard}\n" for r in records)
+
+
+def _write_samples(shard: int, records: range, path: str) -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for r in records:
+            for suffix, data in ((".txt", f"record {r}"), (".cls", str(r % 10))):
+                info = tarfile.TarInfo(f"sample{r:06d}{suffix}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data.encode()))
+
+
+def shard_files(kind: str, n: int, shards: int = 4) -> str:
+    """A directory of ``shards`` files of ``kind`` ("txt": lines; "tar": WebDataset-style
+    samples of a ``.txt`` and a ``.cls`` member) holding ``n`` records in all."""
+    import functools
+    import tempfile
+
+    root = os.path.join(tempfile.gettempdir(), f"dataloader2-test-{kind}-{n}-{shards}")
+    os.makedirs(root, exist_ok=True)
+    write = _write_lines if kind == "txt" else _write_samples
+    for shard in range(shards):
+        path = os.path.join(root, f"shard{shard}.{kind}")
+        _written_once(path, functools.partial(write, shard, range(shard, n, shards)))
+    return root
+
+
+def line_and_length(line: str) -> Tuple[str, int]:
+    return line, len(line)
+
+
+def read_sample(sample: Dict[str, Any]) -> Tuple[str, bytes, int]:
+    """A WebDataset sample with its members read: ``(key, text, class)``."""
+    return sample["__key__"], sample[".txt"].read(), int(sample[".cls"].read())
+
+
+@_register("lines_after_sharding")
+def _lines_after_sharding(n: int) -> IterDataPipe:
+    from torchdata.datapipes.iter import FileLister
+
+    files = FileLister(shard_files("txt", n), masks="*.txt").shuffle().sharding_filter()
+    return files.open_files().readlines(return_path=False).map(line_and_length)
+
+
+@_register("webdataset_after_sharding")
+def _webdataset_after_sharding(n: int) -> IterDataPipe:
+    from torchdata.datapipes.iter import FileLister
+
+    files = FileLister(shard_files("tar", n), masks="*.tar").shuffle().sharding_filter()
+    return files.open_files("b").load_from_tar().webdataset().map(read_sample)
+
+
 def take(iterator: Iterator[Any], k: int) -> List[Any]:
     return [next(iterator) for _ in range(k)]
 
