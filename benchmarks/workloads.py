@@ -1,4 +1,5 @@
-"""The pipelines every peer runs: tiny items, CPU-heavy items, large tensors.
+"""The pipelines every peer runs: tiny items, CPU-heavy items, large tensors, and real formats
+(text shards, WebDataset-style image shards: see ``formats``).
 
 Each workload builds the same IterDataPipe graph for every peer (DataLoader2 with upstream's or
 our reading service, ``torch.utils.data.DataLoader``, torchdata's ``StatefulDataLoader``; the
@@ -10,10 +11,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
+import formats
 import torch
 from torchdata.datapipes.iter import IterableWrapper
+
+#: Records of one epoch of the real formats: 40 files of 5,000 lines; 16 shards of 250 images.
+TEXT_LINES = 200_000
+IMAGES = 4_000
 
 
 def add_one(x: int) -> int:
@@ -82,6 +88,21 @@ def workloads(burn_loops: int) -> Dict[str, Workload]:
             items=2_000,
             slow_items=1_000,
         ),
+        "text_shards": Workload(
+            "text_shards",
+            "40 text files -> shuffle -> sharding_filter -> open -> readlines -> tokenize -> batch(16)",
+            formats.text_pipeline,
+            items=TEXT_LINES,
+            slow_items=TEXT_LINES,
+        ),
+        "image_shards": Workload(
+            "image_shards",
+            "16 tar shards of JPEGs -> shuffle -> sharding_filter -> open -> load_from_tar -> "
+            "webdataset -> decode -> batch(8)",
+            formats.image_pipeline,
+            items=IMAGES,
+            slow_items=IMAGES,
+        ),
     }
 
 
@@ -95,6 +116,8 @@ class RestoreWorkload:
     items_per_k: int  # source items behind one position (8 for batches of 8)
     ks: Tuple[int, ...]
     quick_ks: Tuple[int, ...]
+    epoch_items: Optional[int] = None  # files: one epoch of this many records, whatever k
+    files: int = 0  # files: how many the epoch reads
 
 
 def restore_workloads(burn_loops: int) -> Dict[str, RestoreWorkload]:
@@ -132,5 +155,26 @@ def restore_workloads(burn_loops: int) -> Dict[str, RestoreWorkload]:
             1,
             (0, 100, 5_000, 50_000, 500_000),
             (0, 100, 50_000),
+        ),
+        # Files opened and parsed after sharding, k across the whole epoch (its last batch included).
+        "text_shards": RestoreWorkload(
+            "text_shards",
+            "40 text files of 5,000 lines -> ... -> readlines -> tokenize -> batch(16)",
+            formats.text_pipeline,
+            16,
+            (0, 100, 3_000, 10_000, TEXT_LINES // 16 - 1),
+            (0, 3_000, TEXT_LINES // 16 - 1),
+            epoch_items=TEXT_LINES,
+            files=formats.TEXT_FILES,
+        ),
+        "image_shards": RestoreWorkload(
+            "image_shards",
+            "16 tar shards of 250 JPEGs -> ... -> webdataset -> decode -> batch(8)",
+            formats.image_pipeline,
+            8,
+            (0, 50, 250, IMAGES // 8 - 1),
+            (0, 250, IMAGES // 8 - 1),
+            epoch_items=IMAGES,
+            files=formats.IMAGE_SHARDS,
         ),
     }
