@@ -66,14 +66,14 @@ from torchdata_snapshot._rng import (
 from torchdata_snapshot._sharding_shift import ShardingShifts
 from torchdata_snapshot._state_functions import StateFunctions, registered_state_functions
 
-__all__ = ["GraphState", "unpack_graph_state"]
+__all__ = ["RESUMABLE_ADAPTERS", "RESUMABLE_STATELESS", "GraphState", "unpack_graph_state"]
 
 _RNG_KEY = "__global_rng__"
 
 #: How each upstream DataPipe type that keeps state in a generator frame is made resumable, and
 #: the upstream types that hold no state at a yield point.
-_ADAPTERS = {**ADAPTERS, **READER_ADAPTERS}
-_STATELESS = STATELESS + READER_STATELESS
+RESUMABLE_ADAPTERS = {**ADAPTERS, **READER_ADAPTERS}
+RESUMABLE_STATELESS = STATELESS + READER_STATELESS
 
 
 def _has_methods(dp: DataPipe) -> bool:
@@ -117,9 +117,9 @@ class GraphState:
     def unresumable(self, datapipe: DataPipe) -> Optional[str]:
         """``None`` if the graph can resume from captured states, else the first DataPipe that cannot."""
         for _, dp in graph_datapipes(datapipe):
-            if type(dp) in _STATELESS or self._functions(dp) is not None or _has_methods(dp):
+            if type(dp) in RESUMABLE_STATELESS or self._functions(dp) is not None or _has_methods(dp):
                 continue
-            adapter = _ADAPTERS.get(type(dp))
+            adapter = RESUMABLE_ADAPTERS.get(type(dp))
             if adapter is None or adapter(dp) is None:
                 return describe_datapipe(dp)
         return None
@@ -129,7 +129,7 @@ class GraphState:
         their equivalents. ``ShardingFilter`` stays: ``DataLoader2`` finds it by its exact type."""
         graph = traverse_dps(datapipe)
         for _, dp in graph_datapipes(datapipe):
-            adapter = _ADAPTERS.get(type(dp))
+            adapter = RESUMABLE_ADAPTERS.get(type(dp))
             if adapter is not None and not _has_methods(dp):
                 replacement = adapter(dp)
                 if replacement is not None:

@@ -92,23 +92,25 @@ class _PerElement:
         return iter(self.instance(element))
 
 
-def _source_attribute(upstream: IterDataPipe) -> str:
-    """The name of the attribute that holds ``upstream``'s source DataPipe."""
+def _take_source(owner: IterDataPipe, upstream: IterDataPipe) -> _PerElement:
+    """Give ``owner`` ``upstream``'s source DataPipe, under the same attribute name (recorded as
+    ``owner._source``), and return upstream's code to run on each element."""
     names = [k for k, v in vars(upstream).items() if isinstance(v, IterDataPipe)]
     if len(names) != 1:
         raise TypeError(f"{type(upstream).__name__} has not one source DataPipe: {names}")
-    return names[0]
+    setattr(owner, names[0], getattr(upstream, names[0]))
+    owner._source = names[0]  # type: ignore[attr-defined]
+    return _PerElement(upstream, names[0])
 
 
 class StreamMaker(IterDataPipe):
     """A DataPipe that makes one ``(path, stream)`` of each element, run as upstream's, each
     stream given its origin. It holds nothing at a yield point."""
 
+    _source: str
+
     def __init__(self, upstream: IterDataPipe, attach: Callable[[_PerElement], Attach]) -> None:
-        source = _source_attribute(upstream)
-        setattr(self, source, getattr(upstream, source))
-        self._source = source
-        self._each = _PerElement(upstream, source)
+        self._each = _take_source(self, upstream)
         self._attach = attach(self._each)
 
     def __iter__(self) -> Iterator[Any]:
@@ -127,14 +129,12 @@ class ResumableReader(Resumable):
     STATE = {"reading": bool, "element": object, "taken": int}
     TRANSIENT = ("_element",)
     _element: Any = None
+    _source: str
 
     def __init__(
         self, upstream: IterDataPipe, attach: Optional[Callable[[_PerElement], Attach]] = None
     ) -> None:
-        source = _source_attribute(upstream)
-        setattr(self, source, getattr(upstream, source))
-        self._source = source
-        self._each = _PerElement(upstream, source)
+        self._each = _take_source(self, upstream)
         self._attach = None if attach is None else attach(self._each)
         self._reading = False
         self._taken = 0

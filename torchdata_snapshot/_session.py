@@ -28,10 +28,17 @@ from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 __all__ = ["Session", "checkpoint_before_start"]
 
 
-def checkpoint_before_start(num_workers: int) -> Dict[str, Any]:
-    """The checkpoint of a reading service that has not run: no epoch, no position."""
+#: The graph of a reading service that has not run.
+_NO_GRAPH = GraphIdentity("")
+
+
+def checkpoint_before_start(
+    num_workers: int, graph: GraphIdentity = _NO_GRAPH, sharding: Tuple[int, int] = (1, 0)
+) -> Dict[str, Any]:
+    """The checkpoint before any epoch started: no position (of a reading service that has not
+    run, or of ``graph``, sharded ``sharding``, before its first epoch)."""
     workers = (WorkerPosition(),) * num_workers
-    return Checkpoint(num_workers, GraphIdentity(""), epoch=NO_EPOCH, workers=workers).to_plain()
+    return Checkpoint(num_workers, graph, epoch=NO_EPOCH, workers=workers, sharding=sharding).to_plain()
 
 
 @dataclass
@@ -77,10 +84,7 @@ class Session:
     def checkpoint(self) -> Dict[str, Any]:
         """The checkpoint at the user's position, as plain data (see ``_checkpoint``)."""
         if self.epoch == NO_EPOCH:
-            workers = (WorkerPosition(),) * self.num_workers
-            return Checkpoint(
-                self.num_workers, self.graph, epoch=self.epoch, workers=workers, sharding=self.sharding
-            ).to_plain()
+            return checkpoint_before_start(self.num_workers, self.graph, self.sharding)
         positions = self.outlet.positions
         return Checkpoint(
             num_workers=self.num_workers,

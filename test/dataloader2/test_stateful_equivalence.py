@@ -33,10 +33,8 @@ from torchdata.dataloader2.graph import set_graph_random_seed
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import FileLister, FileOpener, IterableWrapper, IterDataPipe
 
-from torchdata_snapshot._equivalents import ADAPTERS, STATELESS
 from torchdata_snapshot._graph import graph_datapipes
-from torchdata_snapshot._graph_state import GraphState
-from torchdata_snapshot._readers import READER_ADAPTERS, READER_STATELESS
+from torchdata_snapshot._graph_state import RESUMABLE_ADAPTERS, RESUMABLE_STATELESS, GraphState
 
 Build = Callable[[], IterDataPipe]
 
@@ -285,8 +283,7 @@ def check_restore_at(build: Build, sharding: Tuple[int, int], epoch: int, positi
 
 def test_every_registered_datapipe_is_covered(compositions: Dict[str, Build]) -> None:
     covered = {type(dp) for build in compositions.values() for _, dp in graph_datapipes(build())}
-    registered = set(ADAPTERS) | set(STATELESS) | set(READER_ADAPTERS) | set(READER_STATELESS)
-    registered |= {ShardingFilterIterDataPipe}
+    registered = set(RESUMABLE_ADAPTERS) | set(RESUMABLE_STATELESS) | {ShardingFilterIterDataPipe}
     missing = sorted(kind.__name__ for kind in registered - covered)
     assert not missing, f"resumable DataPipes without an equivalence test: {missing}"
 
