@@ -32,20 +32,26 @@ Keys (``Checkpoint.to_plain()``)::
                                         {"position": that item (1 <= position < delivered),
                                          "blob": bytes, "digest": running digest there, or None},
                                "taken": elements its sharding filter had taken when the last of
-                                        them was yielded, or None (not counted)}
+                                        them was yielded, or None (not counted),
+                               "partial": items of the last of those elements that the one-to-many
+                                        DataPipe after the filter had handed on then, or None
+                                        (the graph has none: each element was handed on whole)}
     next_worker   the worker the round-robin asks next
     sharding      {"world_size": W, "rank": r}: the ranks DistributedReadingService sharded over
                   (1 and 0 without it), or None (unknown: upgraded from version 2)
-    remaining     what earlier elastic resumes of this epoch had delivered: one list of taken
-                  counts per resume, one count per sharding instance (see ``_elastic``)
-    ranks         every rank's per-worker "taken", by rank (``gather_elastic_state``), or None
-                  (not gathered; a job of one rank does not need it)
+    remaining     what earlier elastic resumes of this epoch had delivered, one ``Level`` per
+                  resume: {"whole": elements handed on whole, "partial": items handed on of the
+                  next element}, one count per sharding instance in each (see ``_remaining``)
+    ranks         every rank's per-worker ["taken", "partial"], by rank (``gather_elastic_state``),
+                  or None (not gathered; a job of one rank does not need it)
     checksum      digest of all the above; any change to the state is detected
 
 Digests are ``None`` where replay verification was off, or nothing was delivered. Versions 1
-(marks: the digest of one item per message), 2 (no sharding positions) and 3 (no arguments) are
-read and upgraded, without digests (1), without what elastic resume needs (1 and 2) and without
-arguments (1 to 3: a restore then checks the structure only).
+(marks: the digest of one item per message), 2 (no sharding positions), 3 (no arguments) and 4
+(no partial elements) are read and upgraded, without digests (1), without what elastic resume
+needs (1 and 2), without arguments (1 to 3: a restore then checks the structure only) and
+without partial counts (1 to 4: an elastic resume of a graph with a one-to-many DataPipe after
+its sharding filter is refused).
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ import json
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Literal, Optional, Tuple
+from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 
 from torchdata.dataloader2.graph import DataPipe, traverse_dps
 
@@ -69,6 +75,7 @@ from torchdata_snapshot._graph import (
     graph_datapipes,
     plain_data,
 )
+from torchdata_snapshot._remaining import Level
 from torchdata_snapshot._seeds import check_seed_state
 
 __all__ = [
@@ -78,6 +85,7 @@ __all__ = [
     "Checkpoint",
     "GraphIdentity",
     "GraphState",
+    "ShardingProgress",
     "WorkerPosition",
     "graph_arguments",
     "graph_fingerprint",
@@ -85,7 +93,7 @@ __all__ = [
 ]
 
 FORMAT = "torchdata_snapshot.MultiProcessingReadingService"
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 
 #: Where the run stood: no epoch started yet, in an epoch, or the epoch's end reached the user.
 Status = Literal["idle", "in_epoch", "finished"]
@@ -118,6 +126,7 @@ _KEYS = (
     "ranks",
     "checksum",
 )
+_KEYS_V4 = _KEYS
 _KEYS_V3 = tuple(key for key in _KEYS if key != "arguments")
 _KEYS_V2 = tuple(key for key in _KEYS_V3 if key not in ("sharding", "remaining", "ranks"))
 
@@ -126,21 +135,28 @@ _READABLE_KEYS = {
     1: tuple("mark" if key == "digest" else key for key in _KEYS_V2),
     2: _KEYS_V2,
     3: _KEYS_V3,
+    4: _KEYS_V4,
     FORMAT_VERSION: _KEYS,
 }
-_WORKER_KEYS = {"delivered", "digest", "state", "taken"}
+_WORKER_KEYS = {"delivered", "digest", "state", "taken", "partial"}
+
+#: ``(taken, partial)`` of one worker: see :class:`WorkerPosition`.
+ShardingProgress = Tuple[Optional[int], Optional[int]]
 
 
 @dataclass(frozen=True)
 class WorkerPosition:
     """How far the user got into one worker's stream: ``delivered`` items, the stream's running
     ``digest`` after them, the latest captured ``state`` of the worker's graph before them, and
-    the elements its sharding filter had ``taken`` when the last of them was yielded."""
+    the elements its sharding filter had ``taken`` when the last of them was yielded, and the
+    items of the last of those elements the graph's one-to-many DataPipe after the filter had
+    handed on then (``partial``; ``None`` without one: each element is handed on whole)."""
 
     delivered: int = 0
     digest: Optional[str] = None
     state: Optional[GraphState] = None
     taken: Optional[int] = None
+    partial: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -169,8 +185,8 @@ class Checkpoint:
     next_worker: int = 0
     #: ``(world_size, rank)`` of the sharding, ``None`` if unknown (upgraded from version 2).
     sharding: Optional[Tuple[int, int]] = (1, 0)
-    remaining: Tuple[Tuple[int, ...], ...] = ()
-    ranks: Optional[Tuple[Tuple[Optional[int], ...], ...]] = None
+    remaining: Tuple[Level, ...] = ()
+    ranks: Optional[Tuple[Tuple[ShardingProgress, ...], ...]] = None
 
     def to_plain(self) -> Dict[str, Any]:
         plain: Dict[str, Any] = {
@@ -195,6 +211,7 @@ class Checkpoint:
                     if w.state is None
                     else {"position": w.state[0], "blob": w.state[1], "digest": w.state[2]},
                     "taken": w.taken,
+                    "partial": w.partial,
                 }
                 for w in self.workers
             ],
@@ -202,8 +219,12 @@ class Checkpoint:
             "sharding": None
             if self.sharding is None
             else {"world_size": self.sharding[0], "rank": self.sharding[1]},
-            "remaining": [list(level) for level in self.remaining],
-            "ranks": None if self.ranks is None else [list(rank) for rank in self.ranks],
+            "remaining": [
+                {"whole": list(level.whole), "partial": list(level.partial)} for level in self.remaining
+            ],
+            "ranks": None
+            if self.ranks is None
+            else [[list(worker) for worker in rank] for rank in self.ranks],
         }
         plain["checksum"] = _checksum(plain)
         return plain
@@ -249,6 +270,8 @@ class Checkpoint:
             state = _upgrade_from_v2(state)
         if version <= 3:
             state = _upgrade_from_v3(state)
+        if version <= 4:
+            state = _upgrade_from_v4(state)
         num_workers = _count(state, "num_workers")
         workers = state["workers"]
         if not isinstance(workers, list) or len(workers) != num_workers:
@@ -257,15 +280,17 @@ class Checkpoint:
         for i, w in enumerate(workers):
             if not isinstance(w, dict) or set(w) != _WORKER_KEYS:
                 raise InvalidCheckpointError(
-                    f"workers[{i}] must have 'delivered', 'digest', 'state' and 'taken', got {w!r:.300}"
+                    f"workers[{i}] must have 'delivered', 'digest', 'state', 'taken' and 'partial', "
+                    f"got {w!r:.300}"
                 )
             delivered = _count(w, "delivered", f"workers[{i}]")
             graph_state = _graph_state(w["state"], f"workers[{i}]")
             if graph_state is not None and graph_state[0] > delivered:
                 raise InvalidCheckpointError(f"the state of workers[{i}] is ahead of what the user received")
             taken = None if w["taken"] is None else _count(w, "taken", f"workers[{i}]")
+            partial = None if w["partial"] is None else _count(w, "partial", f"workers[{i}]")
             positions.append(
-                WorkerPosition(delivered, _digest(w["digest"], f"workers[{i}]"), graph_state, taken)
+                WorkerPosition(delivered, _digest(w["digest"], f"workers[{i}]"), graph_state, taken, partial)
             )
         status = state["status"]
         if status not in STATUSES:
@@ -300,7 +325,7 @@ class Checkpoint:
         if ranks is not None and (
             sharding is None
             or len(ranks) != sharding[0]
-            or list(ranks[sharding[1]]) != [p.taken for p in positions]
+            or list(ranks[sharding[1]]) != [(p.taken, p.partial) for p in positions]
         ):
             raise InvalidCheckpointError(
                 "'ranks' must list every rank's sharding positions, this rank's as in 'workers'"
@@ -420,21 +445,36 @@ def _counts(value: Any, where: str, length: Optional[int] = None, optional: bool
     return tuple(value)
 
 
-def _remaining(value: Any) -> Tuple[Tuple[int, ...], ...]:
+def _remaining(value: Any) -> Tuple[Level, ...]:
     if not isinstance(value, list):
         raise InvalidCheckpointError(f"'remaining' must be a list, got {value!r:.200}")
-    levels = tuple(_counts(level, f"remaining[{i}]") for i, level in enumerate(value))
-    if any(not level for level in levels):
-        raise InvalidCheckpointError("'remaining' lists an elastic resume with no sharding instance")
-    return levels
+    levels = []
+    for i, level in enumerate(value):
+        if not isinstance(level, dict) or set(level) != {"whole", "partial"}:
+            raise InvalidCheckpointError(
+                f"remaining[{i}] must be {{'whole': [int, ...], 'partial': [int, ...]}}, got {level!r:.200}"
+            )
+        whole = _counts(level["whole"], f"remaining[{i}]['whole']")
+        if not whole:
+            raise InvalidCheckpointError("'remaining' lists an elastic resume with no sharding instance")
+        levels.append(Level(whole, _counts(level["partial"], f"remaining[{i}]['partial']", len(whole))))
+    return tuple(levels)
 
 
-def _ranks(value: Any, num_workers: int) -> Optional[Tuple[Tuple[Optional[int], ...], ...]]:
+def _ranks(value: Any, num_workers: int) -> Optional[Tuple[Tuple[ShardingProgress, ...], ...]]:
     if value is None:
         return None
     if not isinstance(value, list) or not value:
         raise InvalidCheckpointError(f"'ranks' must be a non-empty list or None, got {value!r:.200}")
-    return tuple(_counts(rank, f"ranks[{r}]", num_workers, optional=True) for r, rank in enumerate(value))
+    for r, rank in enumerate(value):
+        if not isinstance(rank, list) or len(rank) != num_workers:
+            raise InvalidCheckpointError(
+                f"ranks[{r}] must list {num_workers} [taken, partial], got {rank!r:.200}"
+            )
+    return tuple(
+        tuple(_counts(pair, f"ranks[{r}][{w}]", 2, optional=True) for w, pair in enumerate(rank))
+        for r, rank in enumerate(value)
+    )
 
 
 def _arguments(value: Any) -> Optional[Arguments]:
@@ -484,6 +524,24 @@ def _canonical(value: Any) -> str:
 
 def _shown(arguments: Dict[str, Any], name: str) -> str:
     return repr(arguments[name]) if name in arguments else "not recorded"
+
+
+def _upgrade_from_v4(state: Dict[str, Any]) -> Dict[str, Any]:
+    """A version-4 state in version 5's schema: no partial counts (an elastic resume through a
+    one-to-many DataPipe is refused); the elements an elastic resume delivered were whole."""
+
+    def each(value: Any, kind: type, upgrade: Callable[[Any], Any]) -> Any:  # others are refused later
+        return [upgrade(v) if isinstance(v, kind) else v for v in value] if isinstance(value, list) else value
+
+    return {
+        **state,
+        "version": FORMAT_VERSION,
+        "workers": each(state["workers"], dict, lambda w: {**w, "partial": None}),
+        "remaining": each(
+            state["remaining"], list, lambda level: {"whole": level, "partial": [0] * len(level)}
+        ),
+        "ranks": each(state["ranks"], list, lambda rank: [[taken, None] for taken in rank]),
+    }
 
 
 def _upgrade_from_v3(state: Dict[str, Any]) -> Dict[str, Any]:

@@ -3,10 +3,14 @@
 ``MultiProcessingReadingService(..., elastic=True)`` restores a checkpoint taken with another
 ``num_workers`` (or world size) by running the epoch again from its seeds over the elements the
 user had not received (:mod:`torchdata_snapshot._remaining`). That is exact when what the user
-received is a prefix of each sharding instance's elements: every DataPipe between the sharding
-point and the user must hand on the items of the elements it took as soon as it can, holding
-none back across its outputs (``elastic_refusal`` checks the graph), and the checkpoint must
-know every instance's count, over all ranks of a distributed job (``gather_elastic_state``).
+received is a prefix of each sharding instance's elements, the last of them possibly in part:
+every DataPipe between the sharding point and the user must hand on the items of the elements
+it took as soon as it can, holding none back across its outputs, but for one that yields
+several items per element (a reader, ``flatmap``, ``unbatch``: an *expander*), whose position
+inside its current element each item records (:mod:`torchdata_snapshot._element_progress`); a
+new worker deals that element again and skips the items the user had. ``elastic_refusal``
+checks the graph; the checkpoint must know every instance's counts, over all ranks of a
+distributed job (``gather_elastic_state``).
 
 Whether a DataPipe holds elements depends on its code, not on the class it derives from: a
 subclass of ``map`` may keep an item back. So the check matches exact types: upstream's
@@ -29,12 +33,13 @@ from torch.utils.data.datapipes.iter.selecting import FilterIterDataPipe
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 from torchdata.dataloader2.graph import DataPipe, find_dps, traverse_dps
 
-from torchdata_snapshot._checkpoint import FORMAT, Checkpoint
+from torchdata_snapshot._checkpoint import FORMAT, Checkpoint, ShardingProgress
 from torchdata_snapshot._compat import (
     DispatchPlaceholder,
     find_lca_round_robin_sharding_dp,
     find_replicable_branches,
 )
+from torchdata_snapshot._element_progress import EXPANDING, HOLDING_ONE, ONE_TO_ONE, chain_after
 from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
 from torchdata_snapshot._graph import describe_datapipe
 from torchdata_snapshot._positions import ONE_TO_ONE_TAIL, not_one_to_one
@@ -43,6 +48,7 @@ from torchdata_snapshot._remaining import Level
 __all__ = [
     "ELASTIC_AFTER_SHARDING",
     "elastic_refusal",
+    "expands_after_sharding",
     "gather_elastic_state",
     "register_elastic",
     "replicable_branch",
@@ -104,8 +110,10 @@ def elastic_refusal(datapipe: DataPipe, replicable: Optional[DataPipe] = None) -
 
     It can when the graph has one sharding filter, no dispatching process, and between the
     sharding filter and the end of ``replicable`` (the part the workers run: ``datapipe``
-    itself if not given) only DataPipes of :data:`ELASTIC_AFTER_SHARDING` (by exact type) or
-    declared with :func:`register_elastic`, in a chain.
+    itself if not given) a chain of DataPipes (by exact type) that hold no element back: those
+    of :data:`ELASTIC_AFTER_SHARDING` and :data:`ONE_TO_ONE`, classes declared with
+    :func:`register_elastic`, and at most one of :data:`EXPANDING` with, after it, those of
+    :data:`HOLDING_ONE` too, and before it only :data:`ONE_TO_ONE` and ``filter``.
     """
     graph = traverse_dps(datapipe)
     if find_lca_round_robin_sharding_dp(graph) is not None or find_dps(graph, DispatchPlaceholder):
@@ -113,22 +121,56 @@ def elastic_refusal(datapipe: DataPipe, replicable: Optional[DataPipe] = None) -
     found = find_dps(graph, ShardingFilterIterDataPipe)
     if len(found) != 1:
         return f"the graph has {len(found)} sharding_filter DataPipes; an elastic graph has exactly one"
-    sf = found[0]
-    node = traverse_dps(replicable if replicable is not None else datapipe)
-    while True:
-        ((dp, parents),) = node.values()
-        if dp is sf:
-            return None
-        if not _is_elastic(dp) or len(parents) != 1:
-            return (
-                f"DataPipe {describe_datapipe(dp)} runs after sharding_filter: only "
-                f"{', '.join(kind.__name__ for kind in ELASTIC_AFTER_SHARDING)} (exactly these classes, "
-                "not subclasses) and classes declared with torchdata_snapshot.register_elastic() may, "
-                "in a chain (a DataPipe that holds elements across its outputs, such as shuffle, "
-                "bucketbatch, flatmap or a subclass of map that keeps an item back, would lose or "
-                "repeat them when the elements are dealt to other workers)"
-            )
-        node = parents
+    chain = chain_after(found[0], replicable if replicable is not None else datapipe)
+    if not isinstance(chain, list):
+        return _refused(chain)
+    expanders = [i for i, dp in enumerate(chain) if type(dp) in EXPANDING]
+    if len(expanders) > 1:
+        return (
+            f"DataPipe {describe_datapipe(chain[expanders[1]])} yields several items per element after "
+            f"{describe_datapipe(chain[expanders[0]])}, which does too: an elastic graph has at most one "
+            "such DataPipe after sharding_filter"
+        )
+    at = expanders[0] if expanders else -1
+    for i, dp in enumerate(chain):
+        if i < at and type(dp) not in (*ONE_TO_ONE, FilterIterDataPipe):
+            return _refused(dp, before=chain[at])
+        holding = at >= 0 and type(dp) in HOLDING_ONE
+        if i > at and not (_is_elastic(dp) or type(dp) in ONE_TO_ONE or holding):
+            return _refused(dp)
+    return None
+
+
+def _names(kinds: Sequence[type]) -> str:
+    return ", ".join(dict.fromkeys(kind.__name__ for kind in kinds))
+
+
+def _refused(dp: DataPipe, before: Optional[DataPipe] = None) -> str:
+    if before is not None:
+        return (
+            f"DataPipe {describe_datapipe(dp)} runs between sharding_filter and "
+            f"{describe_datapipe(before)}, which yields several items per element: only "
+            f"{_names((*ONE_TO_ONE, FilterIterDataPipe))} may (exactly these classes), so that the "
+            "element it expands is the one the sharding filter yielded last"
+        )
+    return (
+        f"DataPipe {describe_datapipe(dp)} runs after sharding_filter: only "
+        f"{_names((*ELASTIC_AFTER_SHARDING, *ONE_TO_ONE))} (exactly these classes, not subclasses), "
+        "classes declared with torchdata_snapshot.register_elastic(), and one of "
+        f"{_names(EXPANDING)} followed by any of those or of {_names(HOLDING_ONE)} may, in a chain "
+        "(a DataPipe that holds elements across its outputs, such as shuffle, bucketbatch or a "
+        "subclass of map that keeps an item back, would lose or repeat them when the elements are "
+        "dealt to other workers)"
+    )
+
+
+def expands_after_sharding(datapipe: DataPipe) -> bool:
+    """Whether one of :data:`EXPANDING` runs after the graph's sharding point."""
+    found = find_dps(traverse_dps(datapipe), ShardingFilterIterDataPipe)
+    if len(found) != 1:
+        return False
+    chain = chain_after(found[0], replicable_branch(datapipe))
+    return isinstance(chain, list) and any(type(dp) in EXPANDING for dp in chain)
 
 
 def resume_levels(state: Checkpoint, datapipe: DataPipe) -> Tuple[Level, ...]:
@@ -146,7 +188,7 @@ def resume_levels(state: Checkpoint, datapipe: DataPipe) -> Tuple[Level, ...]:
         raise IncompatibleCheckpointError(f"the checkpoint cannot resume elastically: {reason}")
     world_size, _ = state.sharding
     if world_size == 1:
-        ranks: Sequence[Sequence[Optional[int]]] = [[w.taken for w in state.workers]]
+        ranks: Sequence[Sequence[ShardingProgress]] = [[(w.taken, w.partial) for w in state.workers]]
     elif state.ranks is None:
         raise IncompatibleCheckpointError(
             f"the checkpoint of a job of {world_size} ranks holds only its own rank's positions: to resume "
@@ -155,13 +197,29 @@ def resume_levels(state: Checkpoint, datapipe: DataPipe) -> Tuple[Level, ...]:
         )
     else:
         ranks = state.ranks
-    taken = [t for rank in ranks for t in rank]
-    if any(t is None for t in taken):
+    progress = [p for rank in ranks for p in rank]
+    if any(taken is None for taken, _ in progress):
         raise IncompatibleCheckpointError(
             "the checkpoint cannot resume elastically: its workers did not count their sharding "
             "positions (the graph has no single sharding_filter, or uses sharding_round_robin_dispatch)"
         )
-    return (*(Level(level) for level in state.remaining), Level(tuple(taken)))  # type: ignore[arg-type]
+    expands = expands_after_sharding(datapipe)
+    if expands and any(taken and partial is None for taken, partial in progress):
+        raise IncompatibleCheckpointError(
+            "the checkpoint cannot resume elastically: it does not record how far into their elements "
+            "the workers' one-to-many DataPipe after sharding_filter was (it was taken by an older "
+            "version of this reading service)"
+        )
+    last = [_level_entry(taken, partial if expands else None) for taken, partial in progress]  # type: ignore[arg-type]
+    return (*state.remaining, Level(tuple(w for w, _ in last), tuple(p for _, p in last)))
+
+
+def _level_entry(taken: int, partial: Optional[int]) -> Tuple[int, int]:
+    """``(whole, partial)`` of an instance whose filter had taken ``taken`` elements: with an
+    expander, the last of them was handed on in part (``partial`` items), possibly none or all."""
+    if partial is None or not taken:
+        return taken, 0
+    return taken - 1, partial
 
 
 def _why_replayed_in_main(state: Checkpoint, datapipe: DataPipe) -> str:
@@ -203,7 +261,9 @@ def gather_elastic_state(state_dict: Dict[str, Any], group: Optional[Any] = None
         )
     gathered: List[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(
-        gathered, (mine.sharding[1], mine.epoch, mine.status, [w.taken for w in mine.workers]), group
+        gathered,
+        (mine.sharding[1], mine.epoch, mine.status, [(w.taken, w.partial) for w in mine.workers]),
+        group,
     )
     by_rank = dict((rank, rest) for rank, *rest in gathered)
     world_size = mine.sharding[0]

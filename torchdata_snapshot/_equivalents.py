@@ -40,7 +40,7 @@ from torchdata_snapshot._compat import (
     shuffler_settings,
     unbatch_dive,
 )
-from torchdata_snapshot._resumable import Resumable
+from torchdata_snapshot._resumable import Expander, Resumable
 from torchdata_snapshot._rng import pack_python_state, unpack_python_state
 
 __all__ = [
@@ -162,30 +162,40 @@ class ResumableShuffler(Resumable):
         return len(self.datapipe)
 
 
-class _Expanding(Resumable):
+class _Expanding(Expander):
     """A one-to-many DataPipe: each source element expands into items; its state is what is left
-    of the current element's expansion (which therefore is materialized when it starts)."""
+    of the current element's expansion (which therefore is materialized when it starts) and how
+    many of its items were taken."""
 
-    STATE = {"items": list}
+    STATE = {"items": list, "took": int}
 
     datapipe: IterDataPipe
     _items: Deque[Any] = deque()
+    _took = 0
 
     def _expand(self, element: Any) -> Iterable[Any]:
         raise NotImplementedError
 
     def __iter__(self) -> Iterator[Any]:
         state = self._take_pending()
-        self._items = deque(state["items"]) if state else deque()
+        self._items, self._took = (deque(state["items"]), state["took"]) if state else (deque(), 0)
         while self._items:
+            self._took += 1
             yield self._items.popleft()
         for element in self.datapipe:
-            self._items = deque(self._expand(element))
+            skip = self.skip_items()
+            self._items, self._took = deque(self._expand(element)), 0
             while self._items:
-                yield self._items.popleft()
+                item = self._items.popleft()
+                self._took += 1
+                if self._took > skip:
+                    yield item
+
+    def element_items(self) -> int:
+        return self._took
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"items": list(self._items)}
+        return {"items": list(self._items), "took": self._took}
 
 
 class ResumableUnBatcher(_Expanding):

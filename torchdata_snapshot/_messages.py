@@ -247,7 +247,9 @@ class ItemsResponse(Response):
     unsigned 64-bit integers (``array("Q")``; see :mod:`torchdata_snapshot._digest`). ``shared``
     counts the items that hold shared memory (tensors), whose size the payload does not tell.
     ``taken`` holds, per item, how many elements the graph's sharding filter had taken when it
-    was yielded (``array("q")``; see :mod:`torchdata_snapshot._elastic`), when counted."""
+    was yielded (``array("q")``; see :mod:`torchdata_snapshot._elastic`), when counted, and
+    ``partial`` the items of the last of them that the graph's expander had handed on, when it
+    has one (see :mod:`torchdata_snapshot._element_progress`)."""
 
     epoch: int
     count: int
@@ -255,6 +257,7 @@ class ItemsResponse(Response):
     digests: Optional[bytes] = None
     shared: int = 0
     taken: Optional[bytes] = None
+    partial: Optional[bytes] = None
 
 
 @dataclass(frozen=True)

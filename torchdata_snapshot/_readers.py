@@ -49,7 +49,7 @@ from torchdata.datapipes.iter import (
 )
 
 from torchdata_snapshot._compat import compression_type, webdataset_pathsplit
-from torchdata_snapshot._resumable import Resumable
+from torchdata_snapshot._resumable import Expander, Resumable
 from torchdata_snapshot._streams import (
     ArchiveMemberOrigin,
     DecompressedOrigin,
@@ -122,12 +122,12 @@ class StreamMaker(IterDataPipe):
         return len(getattr(self, self._source))
 
 
-class ResumableReader(Resumable):
+class ResumableReader(Expander):
     """A DataPipe that reads several items out of each element, run as upstream's; its state is
     the element it is reading (streams as origins) and how many items it took from it."""
 
     STATE = {"reading": bool, "element": object, "taken": int}
-    TRANSIENT = ("_element",)
+    TRANSIENT = (*Expander.TRANSIENT, "_element")
     _element: Any = None
     _source: str
 
@@ -149,7 +149,7 @@ class ResumableReader(Resumable):
         if state is not None and state["reading"]:
             yield from self._read(rebuild(state["element"]), skip=state["taken"])
         for element in getattr(self, self._source):
-            yield from self._read(element, skip=0)
+            yield from self._read(element, skip=self.skip_items())
         self._reading = False
 
     def _read(self, element: Any, skip: int) -> Iterator[Any]:
@@ -158,6 +158,9 @@ class ResumableReader(Resumable):
             self._taken += 1
             if self._taken > skip:
                 yield item if self._attach is None else self._attach(element, item)
+
+    def element_items(self) -> int:
+        return self._taken
 
     def state_dict(self) -> Dict[str, Any]:
         element = describe(self._element) if self._reading else None
@@ -261,6 +264,10 @@ class ResumableWebDataset(Resumable):
         check_described(state["sample"])
         return state
 
+    def held_items(self) -> int:
+        """Items of its source it holds at a yield point: the one that began the next sample."""
+        return 1 if self._sample else 0
+
     def state_dict(self) -> Dict[str, Any]:
         return {"sample": describe(self._sample), "key": self._key}
 
@@ -292,6 +299,10 @@ class ResumableParagraphAggregator(Resumable):
         done, self._lines = self._lines, []
         if done:
             yield self._filename, self.joiner(done)
+
+    def held_items(self) -> int:
+        """Items of its source it holds at a yield point: the line that began the next paragraph."""
+        return len(self._lines)
 
     def state_dict(self) -> Dict[str, Any]:
         return {"lines": list(self._lines), "filename": self._filename}

@@ -37,40 +37,68 @@ __all__ = [
     "set_remaining",
     "sharding_layout",
     "sharding_point",
+    "skips_of_instance",
 ]
 
 
 @dataclass(frozen=True)
 class Level:
-    """What the user had received when an epoch was resumed elastically: ``taken[i]`` elements
-    of instance ``i`` of ``len(taken)``, counted in the sequence the instances shared."""
+    """What the user had received when an epoch was resumed elastically, per sharding instance
+    ``i`` of ``len(whole)``, counted in the sequence the instances shared: ``whole[i]`` elements
+    all of whose items were handed on, and ``partial[i]`` items of the next one (0: none)."""
 
-    taken: Tuple[int, ...]
+    whole: Tuple[int, ...]
+    partial: Tuple[int, ...]
 
     @property
     def instances(self) -> int:
-        return len(self.taken)
+        return len(self.whole)
 
 
 class _Sieve:
     """Decides, element by element, whether it remains after one :class:`Level`, and maps the
-    elements that do to their position in the remaining sequence."""
+    elements that do to their position in the remaining sequence. An element partly delivered
+    remains (the one-to-many DataPipe after the sharding filter skips what was delivered of it)."""
 
     def __init__(self, level: Level) -> None:
         self.n = level.instances
-        self.taken = level.taken
-        self.total = sum(level.taken)
-        self.edge = max(level.taken, default=0) * self.n  # every delivered element lies before it
+        self.whole = level.whole
+        self.total = sum(level.whole)
+        self.edge = max(level.whole, default=0) * self.n  # every delivered element lies before it
 
     def position(self, j: int) -> Optional[int]:
-        """``None`` if element ``j`` was delivered, else its index among the remaining ones."""
+        """``None`` if element ``j`` was delivered whole, else its index among the remaining ones."""
         if j >= self.edge:
             return j - self.total
         n = self.n
-        if j // n < self.taken[j % n]:
+        if j // n < self.whole[j % n]:
             return None
-        # Delivered elements before j: of instance w, those with index < j, at most taken[w].
-        return j - sum(min(t, max(0, (j - w + n - 1) // n)) for w, t in enumerate(self.taken))
+        # Delivered elements before j: of instance w, those with index < j, at most whole[w].
+        return j - sum(min(t, max(0, (j - w + n - 1) // n)) for w, t in enumerate(self.whole))
+
+
+def _partial_elements(levels: Sequence[Level]) -> Dict[int, int]:
+    """The elements partly delivered before the last of ``levels``: their positions in the
+    sequence that remains after it, and how many of their items were delivered (counted from
+    each element's first item: a later level's count includes an earlier one's)."""
+    partial: Dict[int, int] = {}
+    for level in levels:
+        sieve = _Sieve(level)
+        moved = {sieve.position(j): skip for j, skip in partial.items()}
+        for w, (whole, items) in enumerate(zip(level.whole, level.partial)):
+            if items:
+                moved[sieve.position(whole * level.instances + w)] = items
+        partial = {j: skip for j, skip in moved.items() if j is not None}
+    return partial
+
+
+def skips_of_instance(levels: Sequence[Level], instances: int, instance: int) -> Dict[int, int]:
+    """For sharding instance ``instance`` of ``instances`` in an epoch resumed elastically after
+    ``levels``: by the index of an element among those its sharding filter yields, how many of
+    the element's items were delivered before (elements not listed: none)."""
+    return {
+        j // instances: skip for j, skip in _partial_elements(levels).items() if j % instances == instance
+    }
 
 
 class Remaining(Resumable):
@@ -136,9 +164,9 @@ class ElasticEpoch:
 
 def _first_remaining_bound(level: Level) -> int:
     """A lower bound of the pre-sharding index of the first element remaining after ``level``:
-    its first position that was not delivered (an index is never below its position in a
+    its first position that was not delivered whole (an index is never below its position in a
     sequence that remains after earlier levels)."""
-    return min(t * level.instances + w for w, t in enumerate(level.taken))
+    return min(t * level.instances + w for w, t in enumerate(level.whole))
 
 
 def load_head_start(

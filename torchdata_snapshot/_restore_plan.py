@@ -19,7 +19,7 @@ from torchdata.dataloader2.random import SeedGenerator
 from torchdata_snapshot._checkpoint import Checkpoint, GraphIdentity, WorkerPosition
 from torchdata_snapshot._elastic import elastic_refusal, replicable_branch, resume_levels
 from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
-from torchdata_snapshot._remaining import ElasticEpoch, Level, sharding_layout, sharding_point
+from torchdata_snapshot._remaining import ElasticEpoch, sharding_layout, sharding_point
 from torchdata_snapshot._seeds import (
     drawn_by_unseeded_dataloader2,
     load_seed_state,
@@ -82,7 +82,7 @@ def plan_restore(
         raise InvalidCheckpointError(
             "a state taken with num_workers=0 cannot hold the levels of an elastic epoch"
         )
-    return PendingRestore(state, ElasticEpoch(tuple(map(Level, state.remaining))))
+    return PendingRestore(state, ElasticEpoch(state.remaining))
 
 
 def _elastic_start(
@@ -110,7 +110,7 @@ def _elastic_start(
         seed=rank_seed_state(state.seed, sharding[1]) if sharding[0] > 1 and state.seed else state.seed,
         workers=(WorkerPosition(taken=0),) * num_workers,
         sharding=sharding,
-        remaining=tuple(level.taken for level in levels),
+        remaining=levels,
     )
     return PendingRestore(start, ElasticEpoch(levels, head_states))
 

@@ -7,11 +7,11 @@ checked at once (field by field, :func:`expect_state`) and used by the next iter
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from torch.utils.data import IterDataPipe
 
-__all__ = ["Resumable", "expect_state"]
+__all__ = ["Expander", "Resumable", "expect_state"]
 
 
 def expect_state(state: Any, owner: str, **fields: Any) -> Dict[str, Any]:
@@ -61,3 +61,25 @@ class Resumable(IterDataPipe):
 
     def state_dict(self) -> Dict[str, Any]:
         raise NotImplementedError
+
+
+def _no_skip() -> int:
+    return 0
+
+
+class Expander(Resumable):
+    """A resumable DataPipe that yields several items per element of its source (a reader,
+    ``flatmap``, ``unbatch``). It counts the items it took from its current element, from the
+    element's first on (:meth:`element_items`), and, when it starts an element, skips as many as
+    ``skip_items()`` says: in an epoch resumed elastically, the items of that element that were
+    delivered before (see :mod:`torchdata_snapshot._element_progress`)."""
+
+    TRANSIENT: Tuple[str, ...] = ("skip_items",)
+    skip_items: Callable[[], int] = staticmethod(_no_skip)
+
+    def element_items(self) -> int:
+        raise NotImplementedError
+
+    def skip_per_element(self, skip_items: Optional[Callable[[], int]]) -> None:
+        """Skip ``skip_items()`` items of each element from now on (``None``: none)."""
+        self.skip_items = skip_items or _no_skip

@@ -98,7 +98,7 @@ class Session:
             workers=self.runtime.worker_positions(positions),
             next_worker=0 if positions is None else positions.next_worker,
             sharding=self.sharding,
-            remaining=() if self.elastic is None else tuple(level.taken for level in self.elastic.levels),
+            remaining=() if self.elastic is None else self.elastic.levels,
         ).to_plain()
 
     def pause(self, pause_fn: Optional[Callable[[DataPipe], DataPipe]]) -> None:

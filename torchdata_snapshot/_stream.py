@@ -41,9 +41,10 @@ class QueuedItem:
     """An item pickled by its producer, waiting to be sent, with the stream's running digest
     after it (``None`` when digests are off), whether it shares memory with the reader, and the
     elements its graph's sharding filter had taken when it was yielded (``None``: not counted,
-    see :mod:`torchdata_snapshot._elastic`)."""
+    see :mod:`torchdata_snapshot._elastic`) and the items of the last of them handed on
+    (``partial``; ``None``: the graph has no expander)."""
 
-    __slots__ = ("epoch", "payload", "digest", "shared", "taken")
+    __slots__ = ("epoch", "payload", "digest", "shared", "taken", "partial")
 
     def __init__(
         self,
@@ -52,8 +53,10 @@ class QueuedItem:
         digest: Optional[int] = None,
         shared: bool = False,
         taken: Optional[int] = None,
+        partial: Optional[int] = None,
     ) -> None:
-        self.epoch, self.payload, self.digest, self.shared, self.taken = epoch, payload, digest, shared, taken
+        self.epoch, self.payload, self.digest, self.shared = epoch, payload, digest, shared
+        self.taken, self.partial = taken, partial
 
 
 def take_batch(queue: Deque[Any], max_items: int, max_bytes: int) -> List[QueuedItem]:
@@ -78,14 +81,16 @@ def items_message(batch: List[QueuedItem]) -> ItemsResponse:
     """One message for a batch of items of one epoch, with their running digests and sharding
     positions if kept."""
     first = batch[0]
-    digests = taken = None
+    digests = taken = partial = None
     if first.digest is not None:
         digests = array("Q", [cast(int, entry.digest) for entry in batch]).tobytes()
     if first.taken is not None:
         taken = array("q", [cast(int, entry.taken) for entry in batch]).tobytes()
+    if first.partial is not None:
+        partial = array("q", [cast(int, entry.partial) for entry in batch]).tobytes()
     payload = b"".join(entry.payload for entry in batch)
     return ItemsResponse(
-        first.epoch, len(batch), payload, digests, sum(entry.shared for entry in batch), taken
+        first.epoch, len(batch), payload, digests, sum(entry.shared for entry in batch), taken, partial
     )
 
 

@@ -41,6 +41,7 @@ from torchdata_snapshot._constants import (
 )
 from torchdata_snapshot._digest import CHAIN_START, chain, parse_chain_hex
 from torchdata_snapshot._dispatch import DispatchedSource, find_dispatched_sources
+from torchdata_snapshot._element_progress import ElementProgress, with_counting_expander
 from torchdata_snapshot._errors import ProtocolError, ReplayDivergenceError, StateCaptureError
 from torchdata_snapshot._graph import datapipe_state_dicts, datapipe_yields, graph_datapipes, pausable, paused
 from torchdata_snapshot._graph_state import GraphState
@@ -126,6 +127,8 @@ class WorkerLoop(ServingLoop):
         if self.init_error is None:
             try:
                 self.datapipe, self.stateful = _maybe_resumable(datapipe, options, self.graph_state)
+                if not self.stateful:
+                    self.datapipe = with_counting_expander(self.datapipe)
             except StateCaptureError:
                 where = f"in {self.name} while preparing stateful restore"
                 self.init_error = ExceptionWrapper(where=where)
@@ -136,6 +139,7 @@ class WorkerLoop(ServingLoop):
         # found at each epoch's reset (the reset function may replace DataPipes of the graph).
         self._sharding: Optional[ShardingFilterIterDataPipe] = None
         self._taken_before = 0  # graph_state.sharding.taken_before(self._sharding), once per iteration
+        self._progress: Optional[ElementProgress] = None  # its expander's, if it has one
 
     # --- main loop ------------------------------------------------------------------------------
 
@@ -218,7 +222,10 @@ class WorkerLoop(ServingLoop):
             if self.digest is not None:
                 self.digest = chain(self.digest, item)
             taken = None if self._sharding is None else self._taken_before + samples_yielded(self._sharding)
-            self.outbox.put_item(QueuedItem(self.epoch, payload, self.digest, self.encoder.shared, taken))
+            partial = None if self._progress is None else self._progress.partial()
+            self.outbox.put_item(
+                QueuedItem(self.epoch, payload, self.digest, self.encoder.shared, taken, partial)
+            )
             if self.stateful and self.pacer.due(self.produced):
                 self._capture_state()
             if time.perf_counter() >= deadline:
@@ -276,8 +283,13 @@ class WorkerLoop(ServingLoop):
         )
         self._sharding, self._taken_before = self._find_sharding_point(), 0
         elastic = request.elastic
+        self._progress = None
         if self._sharding is not None:
-            set_remaining(self._sharding, elastic.levels if elastic is not None else ())
+            levels = elastic.levels if elastic is not None else ()
+            set_remaining(self._sharding, levels)
+            self._progress = ElementProgress.of(self.datapipe, self._sharding)
+            if self._progress is not None:
+                self._progress.skip(levels, self.graph_state.sharding)
             if elastic is not None and elastic.head_states and self.stateful:
                 load_head_start(self.datapipe, self._sharding, elastic, self.graph_state)
         elif elastic is not None:

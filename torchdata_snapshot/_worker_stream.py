@@ -84,6 +84,7 @@ class WorkerStream:
         self.restarts = 0  # replacements of the worker this epoch
         self._digests = ItemLog("Q")  # running digests
         self._taken = ItemLog("q")  # sharding positions (see torchdata_snapshot._elastic)
+        self._partial = ItemLog("q")  # and inside the last element (see _element_progress)
         self._states: Deque[GraphState] = deque()
 
     def start(self, position: WorkerPosition) -> None:
@@ -97,6 +98,7 @@ class WorkerStream:
         # Known at the restored position, as if received:
         self._digests.clear(done, None if position.digest is None else parse_chain_hex(position.digest))
         self._taken.clear(done, position.taken if done else 0)
+        self._partial.clear(done, position.partial if done else None)
         self._states.clear()
         if position.state is not None:
             self._states.append(position.state)
@@ -113,6 +115,7 @@ class WorkerStream:
                 assert isinstance(response, ItemsResponse)
                 self._digests.append(first, response.digests)
                 self._taken.append(first, response.taken)
+                self._partial.append(first, response.partial)
                 self.received += added
                 self._item_bytes = max(self._item_bytes, len(response.payload) // added)
                 self._shared = self._shared or response.shared > 0
@@ -160,19 +163,23 @@ class WorkerStream:
 
     def position(self, at: int) -> WorkerPosition:
         """What a fresh worker needs to be brought to item ``at`` of this stream."""
-        return WorkerPosition(at, self.digest_at(at), self.state_before(at), self._taken.at(at))
+        return WorkerPosition(
+            at, self.digest_at(at), self.state_before(at), self._taken.at(at), self._partial.at(at)
+        )
 
     def prune(self, kept: int) -> None:
         """Positions before ``kept`` will not be asked for any more: drop what only they need."""
         self._digests.prune(kept)
         self._taken.prune(kept)
+        self._partial.prune(kept)
         while len(self._states) > 1 and self._states[1][0] < kept:
             self._states.popleft()
 
     @property
     def kept_entries(self) -> int:
         """How many batches of digests and graph states are kept (memory does not grow with k)."""
-        return len(self._digests.entries) + len(self._taken.entries) + len(self._states)
+        logs = (self._digests, self._taken, self._partial)
+        return sum(len(log.entries) for log in logs) + len(self._states)
 
 
 def replay_request(epoch: int, position: WorkerPosition) -> ReplayRequest:

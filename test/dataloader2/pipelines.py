@@ -165,6 +165,11 @@ def _unbatch(n: int) -> IterDataPipe:
     return IterableWrapper(range(n)).shuffle().sharding_filter().flatmap(split)
 
 
+@_register("unbatch_batch")
+def _unbatch_batch(n: int) -> IterDataPipe:
+    return IterableWrapper(range(n)).shuffle().sharding_filter().map(split).unbatch().batch(3)
+
+
 @_register("uneven_filter")
 def _uneven(n: int) -> IterDataPipe:
     return IterableWrapper(range(n)).sharding_filter().filter(not_multiple_of_3).filter(is_even)

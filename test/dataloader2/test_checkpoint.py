@@ -31,6 +31,7 @@ from torchdata_snapshot._checkpoint import (
     graph_identity,
 )
 from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
+from torchdata_snapshot._remaining import Level
 from torchdata_snapshot._seeds import seed_state
 
 GRAPH = GraphIdentity(
@@ -52,13 +53,13 @@ def example(**changes: Any) -> Checkpoint:
         seed=seed_state(SeedGenerator(1)),
         delivered=7,
         workers=(
-            WorkerPosition(4, "00ff00ff00ff00ff", (2, b"\x80\x05}.", "0123456789abcdef"), 9),
-            WorkerPosition(3, None, None, 6),
+            WorkerPosition(4, "00ff00ff00ff00ff", (2, b"\x80\x05}.", "0123456789abcdef"), 9, 2),
+            WorkerPosition(3, None, None, 6, 0),
         ),
         next_worker=0,
         sharding=(2, 1),
-        remaining=((3, 0, 5),),
-        ranks=((8, None), (9, 6)),
+        remaining=(Level((3, 0, 5), (0, 4, 0)),),
+        ranks=(((8, 1), (None, None)), ((9, 2), (6, 0))),
     )
     fields.update(changes)
     return Checkpoint(**fields)
@@ -117,8 +118,8 @@ def corrupt(edit: Callable[[Dict[str, Any]], Any], keep_checksum: bool = False) 
         ([1, 2], "must be a dict, got list"),
         (corrupt(lambda s: s.update(format="something else")), "not a checkpoint of this reading service"),
         (
-            corrupt(lambda s: s.update(version=5)),
-            "format version 5; this reading service reads versions 1, 2, 3, 4",
+            corrupt(lambda s: s.update(version=6)),
+            "format version 6; this reading service reads versions 1, 2, 3, 4, 5",
         ),
         (corrupt(lambda s: s.update(version=[1])), "format version \\[1\\]; this reading service"),
         (corrupt(lambda s: s.update(version=True)), "format version True; this reading service"),
@@ -400,25 +401,57 @@ def version_2(plain: Dict[str, Any]) -> Dict[str, Any]:
         if key not in ("checksum", "sharding", "remaining", "ranks", "arguments")
     }
     old["version"] = 2
-    old["workers"] = [{key: value for key, value in w.items() if key != "taken"} for w in plain["workers"]]
+    old["workers"] = [
+        {key: value for key, value in w.items() if key not in ("taken", "partial")} for w in plain["workers"]
+    ]
     old["checksum"] = _checksum(old)
     return old
 
 
 def test_a_version_2_state_is_upgraded_without_sharding_positions() -> None:
     upgraded = Checkpoint.from_plain(version_2(example().to_plain()))
-    assert upgraded.workers == tuple(replace(w, taken=None) for w in example().workers)
+    assert upgraded.workers == tuple(replace(w, taken=None, partial=None) for w in example().workers)
     assert upgraded.sharding is None and upgraded.ranks is None and upgraded.remaining == ()
     assert upgraded.digest == example().digest and upgraded.delivered == 7
     assert upgraded.graph == GraphIdentity(GRAPH.fingerprint), "version 2 recorded no arguments"
     upgraded.check_fits(2, GRAPH, (5, 3)), "the world size of a version-2 state is unknown"
 
 
-def version_3(plain: Dict[str, Any]) -> Dict[str, Any]:
-    """``plain`` as the third format wrote it: no arguments."""
+def version_4(plain: Dict[str, Any]) -> Dict[str, Any]:
+    """``plain`` as the fourth format wrote it: no partial elements."""
     from torchdata_snapshot._checkpoint import _checksum
 
-    old = {key: value for key, value in plain.items() if key not in ("checksum", "arguments")}
+    old = {key: value for key, value in plain.items() if key != "checksum"}
+    old["version"] = 4
+    old["workers"] = [{key: value for key, value in w.items() if key != "partial"} for w in plain["workers"]]
+    old["remaining"] = [level["whole"] for level in plain["remaining"]]
+    old["ranks"] = None if plain["ranks"] is None else [[t for t, _ in rank] for rank in plain["ranks"]]
+    old["checksum"] = _checksum(old)
+    return old
+
+
+def upgraded_from_version_4(**changes: Any) -> Checkpoint:
+    """``example()`` as read from the fourth format: no partial counts, elements delivered whole."""
+    state = example(**changes)
+    return replace(
+        state,
+        workers=tuple(replace(w, partial=None) for w in state.workers),
+        remaining=tuple(Level(level.whole, (0,) * level.instances) for level in state.remaining),
+        ranks=None
+        if state.ranks is None
+        else tuple(tuple((t, None) for t, _ in rank) for rank in state.ranks),
+    )
+
+
+def test_a_version_4_state_is_upgraded_without_partial_elements() -> None:
+    assert Checkpoint.from_plain(version_4(example().to_plain())) == upgraded_from_version_4()
+
+
+def version_3(plain: Dict[str, Any]) -> Dict[str, Any]:
+    """``plain`` as the third format wrote it: no arguments (nor what version 4 lacks)."""
+    from torchdata_snapshot._checkpoint import _checksum
+
+    old = {key: value for key, value in version_4(plain).items() if key not in ("checksum", "arguments")}
     old["version"] = 3
     old["checksum"] = _checksum(old)
     return old
@@ -426,7 +459,7 @@ def version_3(plain: Dict[str, Any]) -> Dict[str, Any]:
 
 def test_a_version_3_state_is_upgraded_without_arguments() -> None:
     upgraded = Checkpoint.from_plain(version_3(example().to_plain()))
-    assert upgraded == example(graph=GraphIdentity(GRAPH.fingerprint))
+    assert upgraded == upgraded_from_version_4(graph=GraphIdentity(GRAPH.fingerprint))
     upgraded.check_fits(2, with_argument("0:BatcherIterDataPipe", batch_size=5), (2, 0))
     with pytest.raises(IncompatibleCheckpointError, match="another pipeline"):
         upgraded.check_fits(2, replace(GRAPH, fingerprint="fedcba9876543210"), (2, 0))

@@ -196,11 +196,12 @@ def test_an_elastic_resume_refused_for_a_main_process_filter_names_it_and_why(tm
     assert "how far the user got into each worker's stream" in refusal, refusal
 
 
-def _elastic_loader(num_workers: int, n: int, elastic: bool = False) -> Any:
-    from pipelines import tiny
+def _elastic_loader(num_workers: int, n: int, elastic: bool = False, shape: str = "tiny") -> Any:
+    from pipelines import pipeline, tiny
     from torchdata.dataloader2 import DataLoader2
 
-    dl = DataLoader2(tiny(n), reading_service=_elastic_service(num_workers, elastic))
+    datapipe = tiny(n) if shape == "tiny" else pipeline(shape, n)
+    dl = DataLoader2(datapipe, reading_service=_elastic_service(num_workers, elastic))
     dl.seed(5)
     return dl
 
@@ -212,13 +213,13 @@ def _elastic_service(num_workers: int, elastic: bool) -> Any:
     return SequentialReadingService(DistributedReadingService(), rs(num_workers, elastic=elastic))
 
 
-def save_gathered(rank: int, world_size: int, path: str, n: int, k: int) -> Dict[str, Any]:
+def save_gathered(rank: int, world_size: int, path: str, n: int, k: int, shape: str) -> Dict[str, Any]:
     """Epoch 0, then ``k`` items of epoch 1: save this rank's state, gathered and not."""
     import torch
 
     from torchdata_snapshot import gather_elastic_state
 
-    dl = _elastic_loader(2, n)
+    dl = _elastic_loader(2, n, shape=shape)
     list(dl)
     it = iter(dl)
     head = [next(it) for _ in range(k)]
@@ -256,8 +257,8 @@ def resume_gathered(rank: int, world_size: int, path: str, old_world_size: int) 
     return {"refused": refused, "rest": rest, "following": following, "seed": seed}
 
 
-def fresh_three_epochs(rank: int, world_size: int, n: int) -> Dict[str, Any]:
-    dl = _elastic_loader(1, n)
+def fresh_three_epochs(rank: int, world_size: int, n: int, shape: str) -> Dict[str, Any]:
+    dl = _elastic_loader(1, n, shape=shape)
     first = list(dl)
     it = iter(dl)
     seed = dl.reading_service.reading_services[1].checkpoint()["seed"]  # the seeds of epoch 1
@@ -266,19 +267,29 @@ def fresh_three_epochs(rank: int, world_size: int, n: int) -> Dict[str, Any]:
     return {"epochs": epochs, "seed": seed}
 
 
-@pytest.mark.parametrize("old, new, n, k", [(2, 3, 84, 6), (3, 2, 84, 6)])
+#: The items of an epoch of each shape of ``test_a_gathered_state_resumes_...``, given ``n``.
+EPOCH_ITEMS = {
+    "tiny": lambda n: [2 * x for x in range(n)],
+    "unbatch": lambda n: [*range(n), *range(1000, 1000 + n)],
+}
+
+
+@pytest.mark.parametrize(
+    "old, new, n, k, shape", [(2, 3, 84, 6, "tiny"), (3, 2, 84, 6, "tiny"), (2, 4, 84, 6, "unbatch")]
+)
 def test_a_gathered_state_resumes_with_another_world_size_each_element_once(
-    tmp_path: Path, old: int, new: int, n: int, k: int
+    tmp_path: Path, old: int, new: int, n: int, k: int, shape: str
 ) -> None:
-    """2 -> 3 and 3 -> 2 ranks, 2 -> 1 workers each: over all new ranks, the rest of the epoch
-    holds every element no old rank had delivered, once, with each rank's own seeds; the next
-    epoch is a fresh new job's.
+    """2 -> 3, 3 -> 2 and 2 -> 4 ranks, 2 -> 1 workers each: over all new ranks, the rest of the
+    epoch holds every item no old rank had delivered, once, with each rank's own seeds; the next
+    epoch is a fresh new job's. Through ``flatmap``, each old worker had delivered 1.5 elements:
+    the half element's other item comes from a new rank.
     (``n`` and ``k`` leave every shard even, so that fullsync cuts nothing: see the docs.)"""
-    saved = run_ranks(save_gathered, tmp_path, world_size=old, path=str(tmp_path), n=n, k=k)
+    saved = run_ranks(save_gathered, tmp_path, world_size=old, path=str(tmp_path), n=n, k=k, shape=shape)
     resumed = run_ranks(resume_gathered, tmp_path, world_size=new, path=str(tmp_path), old_world_size=old)
-    fresh = run_ranks(fresh_three_epochs, tmp_path, world_size=new, n=n)
+    fresh = run_ranks(fresh_three_epochs, tmp_path, world_size=new, n=n, shape=shape)
     epoch = sorted(x for r in saved for x in r["epoch"])
-    assert epoch == sorted(2 * x for x in range(n)), "the uninterrupted epoch covers every element once"
+    assert epoch == sorted(EPOCH_ITEMS[shape](n)), "the uninterrupted epoch covers every element once"
     delivered = [x for r in saved for x in r["head"]] + [x for r in resumed for x in r["rest"]]
     assert sorted(delivered) == epoch, "each element exactly once over the old and the new ranks"
     assert all(r["following"] == f["epochs"][2] for r, f in zip(resumed, fresh)), (

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import re
 from collections import Counter
 from dataclasses import replace
 from typing import Any, Dict, Iterator, List
@@ -17,7 +18,7 @@ from contract import Config, Resumer, ResumeTask, encode_state, reference, take_
 from elastic_pipelines import ElasticDoubling
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pipelines import double, kill_once_at_reset, moved_onto, pipeline, rs, take, tiny
+from pipelines import double, kill_once_at_reset, moved_onto, pipeline, rs, split, take, tiny
 from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
 
@@ -25,7 +26,18 @@ from torchdata_snapshot import IncompatibleCheckpointError, register_elastic
 from torchdata_snapshot._elastic import elastic_refusal
 
 #: Pipeline shapes whose epochs resume elastically (see pipelines.py).
-ELASTIC_SHAPES = ["shuffle_before_sharding", "batch", "uneven_filter", "global_rng", "map_filter_batch"]
+ELASTIC_SHAPES = [
+    "shuffle_before_sharding",
+    "batch",
+    "uneven_filter",
+    "global_rng",
+    "map_filter_batch",
+    # One DataPipe yields several items per element after the sharding filter (an expander):
+    "unbatch",
+    "unbatch_batch",
+    "lines_after_sharding",
+    "webdataset_after_sharding",
+]
 
 ELASTIC = (("elastic", True),)
 
@@ -149,7 +161,6 @@ def test_a_checkpoint_of_an_elastic_epoch_resumes_exactly_and_elastically_again(
     "shape, culprit",
     [
         ("shuffle_after_sharding", "Shuffler"),
-        ("unbatch", "FlatMapper"),
         ("sharding_under_cycle", "Cycler"),
         ("dispatch", "sharding_round_robin_dispatch"),
         ("non_replicable_tail", r"not known to hand on one item per item: pipelines\.NonReplicable \("),
@@ -165,6 +176,39 @@ def test_graphs_that_would_lose_or_repeat_elements_are_refused_naming_why(
     with pytest.raises(IncompatibleCheckpointError, match=culprit):
         iter(restore(state, rs(3, elastic=True)))
     assert set(multiprocessing.active_children()) == children, "nothing starts for a refused resume"
+
+
+def _expanded_twice() -> Any:
+    return IterableWrapper(range(40)).sharding_filter().flatmap(split).flatmap(split)
+
+
+def _batched_then_expanded() -> Any:
+    return IterableWrapper(range(40)).sharding_filter().batch(2).unbatch()
+
+
+def _webdataset_without_expander() -> Any:
+    return (
+        IterableWrapper([(f"s{i // 2}.{'ab'[i % 2]}", i) for i in range(40)]).sharding_filter().webdataset()
+    )
+
+
+@pytest.mark.parametrize(
+    "make, culprit",
+    [
+        (
+            _expanded_twice,
+            r"FlatMapper.* yields several items per element after .*FlatMapper.*, which does too",
+        ),
+        (_batched_then_expanded, r"Batcher.* runs between sharding_filter and .*UnBatcher"),
+        (_webdataset_without_expander, r"WebDataset.* runs after sharding_filter"),
+    ],
+)
+def test_expanders_that_could_not_skip_what_the_user_had_are_refused_naming_why(
+    make: Any, culprit: str
+) -> None:
+    """One expander after the sharding filter, taking the elements it yields one at a time: a
+    second one, a batch before it, or a DataPipe that holds an item without one is refused."""
+    assert re.search(culprit, elastic_refusal(make()) or ""), elastic_refusal(make())
 
 
 @pytest.mark.parametrize("k", [1, 3])

@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from pipelines import double
+from pipelines import double, split
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torch.utils.data.graph_settings import apply_sharding
 from torchdata.dataloader2.random import SeedGenerator
@@ -91,20 +91,46 @@ def test_an_elastic_plan_deals_what_remains_over_the_new_workers() -> None:
         seed=seed_state(SeedGenerator(1)),
         workers=(WorkerPosition(taken=0),) * 3,
         sharding=(1, 0),
-        remaining=((3, 2),),
+        remaining=(Level((3, 2), (0, 0)),),
     )
-    assert pending.elastic == ElasticEpoch((Level((3, 2)),), head_states=((0, BLOB),))
+    assert pending.elastic == ElasticEpoch((Level((3, 2), (0, 0)),), head_states=((0, BLOB),))
 
 
 def test_an_elastic_plan_adds_a_level_and_takes_this_ranks_seeds() -> None:
     dp = sharded()
-    state = in_epoch(dp, sharding=(2, 1), ranks=((4, 4), (3, 2)), remaining=((1, 1, 1, 1),))
+    earlier = Level((1, 1, 1, 1), (0, 0, 0, 0))
+    state = in_epoch(
+        dp, sharding=(2, 1), ranks=(((4, None), (4, None)), ((3, None), (2, None))), remaining=(earlier,)
+    )
     pending = plan(state, dp, 1, elastic=True)
-    assert pending.checkpoint.remaining == ((1, 1, 1, 1), (4, 4, 3, 2))
+    assert pending.checkpoint.remaining == (earlier, Level((4, 4, 3, 2), (0, 0, 0, 0)))
     assert pending.checkpoint.seed == state.seed, "one rank now: rank 0's seeds are the shared stream's"
     assert pending.elastic.head_states == ((2, BLOB),), "the instance of rank 1's first worker"
     apply_sharding(dp, 2, 1, SHARDING_PRIORITIES.DISTRIBUTED)  # as DistributedReadingService does
     assert plan(state, dp, 3, elastic=True).checkpoint.seed == rank_seed_state(state.seed, 1)
+
+
+def test_through_an_expander_the_last_element_each_worker_took_remains_with_what_it_delivered() -> None:
+    dp = IterableWrapper(range(20)).shuffle().sharding_filter().flatmap(split)
+    state = in_epoch(
+        dp, workers=(WorkerPosition(3, taken=2, partial=1), WorkerPosition(2, taken=1, partial=2))
+    )
+    pending = plan(state, dp, 3, elastic=True)
+    assert pending.elastic.levels == (Level((1, 0), (1, 2)),), (
+        "element 1 of worker 0 and 0 of worker 1 remain"
+    )
+    untaken = in_epoch(
+        dp, workers=(WorkerPosition(0, taken=0, partial=None), WorkerPosition(2, taken=1, partial=0))
+    )
+    assert plan(untaken, dp, 1, elastic=True).elastic.levels == (Level((0, 0), (0, 0)),)
+
+
+def test_an_elastic_plan_through_an_expander_needs_the_partial_counts() -> None:
+    """A state of format version 4 (or of a graph without an expander) does not tell how far into
+    their elements the workers were."""
+    dp = IterableWrapper(range(20)).shuffle().sharding_filter().flatmap(split)
+    with pytest.raises(IncompatibleCheckpointError, match="does not record how far into their elements"):
+        plan(in_epoch(dp), dp, 3, elastic=True)
 
 
 def test_an_elastic_plan_needs_workers_and_an_elastic_graph() -> None:
@@ -118,9 +144,10 @@ def test_an_elastic_plan_needs_workers_and_an_elastic_graph() -> None:
 
 def test_an_exact_restore_of_an_elastic_epoch_keeps_its_levels_without_head_starts() -> None:
     dp = sharded()
-    state = in_epoch(dp, remaining=((3, 2),))
-    assert plan(state, dp, 2) == PendingRestore(state, ElasticEpoch((Level((3, 2)),)))
-    zero = in_epoch(dp, num_workers=0, workers=(), replay_in_main=True, next_worker=0, remaining=((3, 2),))
+    level = Level((3, 2), (0, 1))
+    state = in_epoch(dp, remaining=(level,))
+    assert plan(state, dp, 2) == PendingRestore(state, ElasticEpoch((level,)))
+    zero = in_epoch(dp, num_workers=0, workers=(), replay_in_main=True, next_worker=0, remaining=(level,))
     with pytest.raises(InvalidCheckpointError, match="num_workers=0 cannot hold the levels"):
         plan(zero, dp, 0)
 
