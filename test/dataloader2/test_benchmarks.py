@@ -39,8 +39,10 @@ def test_benchmark_smoke_run_writes_table_and_json(tmp_path: Path) -> None:
     assert {r["workload"] for r in restores} >= {"tiny_batched", "1ms_items", "20ms_items", "buffer_10k"}
     assert all(r["ratio_to_k0"] == 1.0 for r in restores if r["k"] == 0)
     elastic = [r for r in restores if r["strategy"] == "elastic 2->3"]
-    assert {r["workload"] for r in elastic} == {"tiny_batched", "1ms_items"}
+    assert {r["workload"] for r in elastic} == {"tiny_batched", "1ms_items", "text_shards", "image_shards"}
     assert all(r["ratio_to_exact"] > 0 for r in elastic)
+    files = [r for r in restores if r["workload"] in ("text_shards", "image_shards")]
+    assert all(r["bound_s"] > 0 for r in files), "restores over files are held to their bound, elastic too"
     table = (tmp_path / "latest.md").read_text()
     assert (
         "| tiny | 0 |" in table
@@ -49,6 +51,7 @@ def test_benchmark_smoke_run_writes_table_and_json(tmp_path: Path) -> None:
         and "ours.state_dict.tiny" in table
         and "| 20ms_items | stateful |" in table
         and "| tiny_batched | elastic 2->3 | 100 |" in table
+        and "| text_shards | elastic 2->3 | 100 |" in table
     )
     memory = results["memory"]
     assert memory["state_dict_calls"] == 10 * memory["snapshots"] > 0
