@@ -282,9 +282,12 @@ class WorkerConsumer(IterDataPipe):
         finally:
             links.lock.release()
 
-    def close_channels(self) -> None:
+    def close(self) -> None:
+        """Close the pipes and drop what was buffered from them (and its shared memory), on every
+        path: after a goodbye, a worker's death or a timeout alike."""
         for stream in self.streams:
             stream.channel.close()
+            stream.buffer.clear()
 
 
 class _ConsumerIterator:

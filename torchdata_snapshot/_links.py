@@ -195,7 +195,8 @@ class WorkerLinks:
     def terminate(self, timeout_s: float) -> bool:
         """Ask every worker to stop and read up to its goodbye, within ``timeout_s`` in total (a
         stuck worker costs that once, not once per worker); items still in flight are read and
-        dropped, which releases the tensors they hold. Whether every worker said goodbye."""
+        dropped, which releases the tensors they hold (the consumer's ``close`` drops those it
+        had buffered). Whether every worker said goodbye."""
         asked = []
         for stream in self.streams:
             try:
@@ -215,8 +216,6 @@ class WorkerLinks:
                 said_goodbye += 1
             except Exception:
                 pass
-        for stream in self.streams:
-            stream.buffer.clear()
         return said_goodbye == len(self.streams)
 
     # --- self-healing ---------------------------------------------------------------------------

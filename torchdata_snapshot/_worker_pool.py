@@ -290,6 +290,6 @@ class WorkerPool:
         if self.dispatcher is not None:
             graceful = graceful and self.dispatcher.say_goodbye()
         self.launcher.stop(join_timeout_s if graceful else 0.0)
-        self.consumer.close_channels()
+        self.consumer.close()
         if self.dispatcher is not None:
             self.dispatcher.close()

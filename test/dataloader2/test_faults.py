@@ -10,12 +10,14 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from functools import partial
 from pathlib import Path
 from typing import Any, List
 
 import psutil
 import pytest
+import torch
 from pipelines import (
     BlockOnStateDict,
     FailingStateDict,
@@ -38,6 +40,8 @@ from torchdata_snapshot import (
     StateCaptureError,
     WorkerDiedError,
 )
+from torchdata_snapshot._channel import make_pipe_pair
+from torchdata_snapshot._consumer import WorkerConsumer
 
 BOUND_S = 30.0  # generous: every fault must surface well within this
 
@@ -306,3 +310,18 @@ def test_shutdown_releases_everything_at_once_over_many_loaders() -> None:
         assert open_fds() == fds, f"cycle {cycle}: {open_fds() - fds} file descriptors still open"
         assert threading.active_count() == threads, f"cycle {cycle}: a thread outlived shutdown"
         assert not processes_left(), f"cycle {cycle}: a process outlived shutdown"
+
+
+def test_shutdown_after_a_death_drops_the_items_buffered_from_the_workers() -> None:
+    # No goodbye is read after a death: close() still drops what the main process had buffered.
+    channel, _, child_ends = make_pipe_pair()
+    consumer = WorkerConsumer([channel.bind("worker 0")], window=1)
+    consumer.streams[0].buffer.append(torch.ones(4))
+    released = weakref.ref(consumer.streams[0].buffer[0])
+    for end in child_ends:
+        end.close()  # the worker's ends: it is dead
+    with pytest.raises(WorkerDiedError, match="worker 0"):
+        consumer.links.read(consumer.streams[0], timeout_s=10, what="an item")
+    assert not consumer.request_terminate(timeout_s=10)  # the links are broken
+    consumer.close()
+    assert released() is None and not consumer.streams[0].buffer
