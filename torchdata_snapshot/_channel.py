@@ -245,6 +245,7 @@ class Channel:
         self.name = "peer"
         self.process: Optional[BaseProcess] = None
         self.watch: Optional[Callable[[], None]] = None
+        self.pool: Optional[ItemPool] = None  # the serving worker's tensor pool, if it has one
         self._pid: Optional[int] = None
         self._answered = False  # see STARTUP_TIMEOUT_S
 
@@ -328,6 +329,7 @@ class Channel:
 
     def close(self) -> None:
         _close_quietly(self.request_conn, self.response_conn)
+        self.pool = None  # unmapped once the main process drops its last view of it
 
 
 def ignore_job_signals() -> None:

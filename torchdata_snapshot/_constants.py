@@ -75,6 +75,10 @@ READ_AHEAD_BYTES = 16 << 20
 #: (the thread sets a flag and signals nothing else; upstream rechecks every 10 ms).
 PREFETCHER_PAUSE_CHECK_S = 0.001
 
+#: The tensor pool (``tensor_pool=True``): the default size of a slot, which holds the tensors of
+#: one item (see ``_tensor_pool``).
+TENSOR_POOL_SLOT_BYTES = 4 << 20
+
 # --- the dispatching process ----------------------------------------------------------------
 
 #: Credit a worker grants the dispatcher: dispatched items it may hold unread.

@@ -26,6 +26,7 @@ from torchdata_snapshot._dispatch import run_dispatcher
 from torchdata_snapshot._errors import WorkerDiedError
 from torchdata_snapshot._options import WorkerOptions
 from torchdata_snapshot._state_functions import StateFunctions
+from torchdata_snapshot._tensor_pool import TensorPool, TensorPoolOptions
 from torchdata_snapshot._worker import carried_state_functions, run_worker
 
 __all__ = ["ProcessLauncher", "import_what_workers_seed"]
@@ -46,10 +47,13 @@ def import_what_workers_seed(ctx: Any) -> None:
 class ProcessLauncher:
     """The processes of one reading service, started with the multiprocessing context ``ctx``."""
 
-    def __init__(self, ctx: Any, num_workers: int, options: WorkerOptions) -> None:
+    def __init__(
+        self, ctx: Any, num_workers: int, options: WorkerOptions, pool: Optional[TensorPoolOptions] = None
+    ) -> None:
         self.ctx = ctx
         self.num_workers = num_workers
         self.options = options
+        self.pool = pool  # each worker started gets a tensor pool of its own, when set
         self.workers: List[Optional[BaseProcess]] = [None] * num_workers
         self.dispatcher: Optional[BaseProcess] = None
         self._dispatcher_pid: Optional[int] = None
@@ -111,6 +115,7 @@ class ProcessLauncher:
         dispatcher_pid = None if self.dispatcher is None else self._dispatcher_pid
         channel, endpoint, child_ends = make_pipe_pair(self.ctx)
         info = WorkerInfo(self.num_workers, worker_id)
+        pool = None if self.pool is None else TensorPool(self.pool)
         args = (
             self._worker_graph,
             endpoint,
@@ -120,16 +125,22 @@ class ProcessLauncher:
             dispatcher_link,
             dispatcher_pid,
             self._state_functions,
+            pool,
         )
         process = self.ctx.Process(
             target=run_worker, args=args, name=f"DataLoader2 worker {worker_id}", daemon=True
         )
-        process.start()
+        try:
+            process.start()
+        finally:
+            if pool is not None:
+                pool.close_fd()  # the worker has its own (or failed to start); the mapping stays
         self.workers[worker_id] = process
         for end in child_ends:
             end.close()  # so that the worker's death reads as end-of-file here
         if dispatcher_link is not None:
             dispatcher_link.close()  # the worker's end of its link to the dispatcher
+        channel.pool = pool
         return channel.bind(f"worker {worker_id}", process, watch=self.check_dispatcher)
 
     def restart_worker(self, worker_id: int) -> Channel:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Any, Deque, Optional, Tuple
+from typing import Any, Callable, Deque, Optional, Tuple
 
 from torchdata_snapshot._channel import Endpoint, ParentGone
 from torchdata_snapshot._compat import ExceptionWrapper
@@ -50,9 +50,16 @@ class Outbox:
     items handed over but not yet written (see :meth:`counters`).
     """
 
-    def __init__(self, endpoint: Endpoint, batching: BatchingOptions, name: str = "worker") -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        batching: BatchingOptions,
+        name: str = "worker",
+        discard: Optional[Callable[[QueuedItem], None]] = None,
+    ) -> None:
         self.endpoint = endpoint
         self.name = name
+        self.discard = discard  # told of every item dropped unsent (its tensor pool slot is freed)
         self.batching = batching
         self._queue: Deque[Any] = deque()
         self._cond = threading.Condition(threading.Lock())
@@ -91,7 +98,11 @@ class Outbox:
         """A new epoch: drop the items of the old one not written yet, wait for a write in
         progress, and count from ``sent`` (items a restore replayed without sending them)."""
         with self._cond:
+            dropped = [entry for entry in self._queue if isinstance(entry, QueuedItem)]
             self._queue = deque(entry for entry in self._queue if not isinstance(entry, QueuedItem))
+        if self.discard is not None:
+            for entry in dropped:
+                self.discard(entry)
         self.drain()
         with self._cond:
             self._epoch, self._sent, self._batches = epoch, sent, 0

@@ -25,6 +25,7 @@ from torchdata_snapshot._outlet import Outlet
 from torchdata_snapshot._positions import UserPositions
 from torchdata_snapshot._restore_plan import PendingRestore
 from torchdata_snapshot._rng import IsolatedRNG
+from torchdata_snapshot._tensor_pool import TensorPoolOptions
 from torchdata_snapshot._worker_pool import WorkerPool
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
@@ -89,15 +90,20 @@ def start_runtime(
     faults: FaultOptions,
     isolate_rng: bool,
     read_ahead: bool,
+    tensor_pool_slot_bytes: Optional[int] = None,
 ) -> Tuple[Runtime, Outlet]:
     """Run ``datapipe``: in worker processes (``num_workers > 0``; ``prefetch`` is the reading
-    service's ``(worker_prefetch_cnt, main_prefetch_cnt)``) or in this process; and the outlet,
-    the last DataPipe, that counts what the user receives from it."""
+    service's ``(worker_prefetch_cnt, main_prefetch_cnt)``; with ``tensor_pool_slot_bytes``, each
+    worker gets a tensor pool of slots that size, see :mod:`torchdata_snapshot._tensor_pool`) or in
+    this process; and the outlet, the last DataPipe, that counts what the user receives from it."""
     runtime: Runtime
     if num_workers:
         window = credit_window(num_workers, *prefetch)
         ctx = mp.get_context(multiprocessing_context)
-        runtime = WorkerPool.start(datapipe, ctx, num_workers, worker, window, faults)
+        pool = None
+        if tensor_pool_slot_bytes is not None:
+            pool = TensorPoolOptions.for_window(window, tensor_pool_slot_bytes)
+        runtime = WorkerPool.start(datapipe, ctx, num_workers, worker, window, faults, pool)
     else:
         runtime = InProcess(datapipe, worker.custom_init_fn, isolate_rng)
     outlet = Outlet(runtime.end, runtime.positions)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from array import array
 from typing import Any, Deque, List, Optional, cast
 
-from torchdata_snapshot._channel import ItemDecoder
+from torchdata_snapshot._channel import ItemDecoder, ItemPool
 from torchdata_snapshot._compat import ExceptionWrapper
 from torchdata_snapshot._constants import SMALL_ITEMS_MAX_WINDOW
 from torchdata_snapshot._messages import (
@@ -44,7 +44,7 @@ class QueuedItem:
     see :mod:`torchdata_snapshot._elastic`) and the items of the last of them handed on
     (``partial``; ``None``: the graph has no expander)."""
 
-    __slots__ = ("epoch", "payload", "digest", "shared", "taken", "partial")
+    __slots__ = ("epoch", "payload", "digest", "shared", "taken", "partial", "slot")
 
     def __init__(
         self,
@@ -54,9 +54,11 @@ class QueuedItem:
         shared: bool = False,
         taken: Optional[int] = None,
         partial: Optional[int] = None,
+        slot: Optional[int] = None,
     ) -> None:
         self.epoch, self.payload, self.digest, self.shared = epoch, payload, digest, shared
         self.taken, self.partial = taken, partial
+        self.slot = slot  # the tensor pool slot its tensors were copied into (see _tensor_pool)
 
 
 def take_batch(queue: Deque[Any], max_items: int, max_bytes: int) -> List[QueuedItem]:
@@ -116,16 +118,19 @@ class Raised:
         self.exc = exc
 
 
-def file_response(response: Response, epoch: int, buffer: Deque[Any]) -> Optional[int]:
-    """Put a data response of stream epoch ``epoch`` into ``buffer``.
+def file_response(
+    response: Response, epoch: int, buffer: Deque[Any], pool: Optional[ItemPool] = None
+) -> Optional[int]:
+    """Put a data response of stream epoch ``epoch`` into ``buffer``; ``pool`` is the sender's
+    tensor pool, if it has one.
 
     Returns how many items it added (``0`` for the end of the stream, an exception, or a stale
     response of another epoch, which is dropped), or ``None`` when ``response`` is not a data
     response. Items are unpickled even when stale, so that what they hold (tensors in shared
-    memory) is released.
+    memory, pool slots) is released.
     """
     if isinstance(response, ItemsResponse):
-        items = ItemDecoder.decode(response.count, response.payload)
+        items = ItemDecoder.decode(response.count, response.payload, pool if response.shared else None)
         if response.epoch != epoch:
             return 0
         buffer.extend(items)

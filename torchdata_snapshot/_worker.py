@@ -21,6 +21,7 @@ from torchdata_snapshot._channel import (
     Channel,
     Endpoint,
     ItemEncoder,
+    ItemPool,
     ParentGone,
     ParentWatch,
     ignore_job_signals,
@@ -100,6 +101,7 @@ class WorkerLoop(ServingLoop):
         distributed_shared_seed: bool = False,
         init_error: Optional[ExceptionWrapper] = None,
         state_functions: Sequence[StateFunctions] = (),
+        pool: Optional[ItemPool] = None,
     ) -> None:
         self.datapipe = datapipe
         self.endpoint = endpoint
@@ -108,8 +110,9 @@ class WorkerLoop(ServingLoop):
         self.options = options
         self.distributed_shared_seed = distributed_shared_seed
         self.init_error = init_error
-        self.encoder = ItemEncoder()
-        self.outbox = Outbox(endpoint, options.batching, self.name)
+        self.pool = pool  # where items' tensors travel (see torchdata_snapshot._tensor_pool)
+        self.encoder = ItemEncoder(pool)
+        self.outbox = Outbox(endpoint, options.batching, self.name, None if pool is None else self._discard)
         self.epoch = NO_EPOCH
         self.iterator: Optional[Any] = None
         self.credit = 0
@@ -223,9 +226,8 @@ class WorkerLoop(ServingLoop):
                 self.digest = chain(self.digest, item)
             taken = None if self._sharding is None else self._taken_before + samples_yielded(self._sharding)
             partial = None if self._progress is None else self._progress.partial()
-            self.outbox.put_item(
-                QueuedItem(self.epoch, payload, self.digest, self.encoder.shared, taken, partial)
-            )
+            shared, slot = self.encoder.shared, self.encoder.slot
+            self.outbox.put_item(QueuedItem(self.epoch, payload, self.digest, shared, taken, partial, slot))
             if self.stateful and self.pacer.due(self.produced):
                 self._capture_state()
             if time.perf_counter() >= deadline:
@@ -246,6 +248,10 @@ class WorkerLoop(ServingLoop):
             return
         self.outbox.put(StateMarkResponse(self.epoch, self.produced, blob))
         self.pacer.captured(self.produced, time.thread_time() - start)
+
+    def _discard(self, item: QueuedItem) -> None:
+        if item.slot is not None and self.pool is not None:
+            self.pool.release(item.slot)  # it never reaches the main process, which would free it
 
     def _end_stream(self, response: Any) -> None:
         self.outbox.put(response)
@@ -482,9 +488,12 @@ def run_worker(
     dispatcher_link: Optional[Channel] = None,
     dispatcher_pid: Optional[int] = None,
     state_functions: Sequence[StateFunctions] = (),
+    pool: Optional[ItemPool] = None,
 ) -> None:
     """Entry point of a worker process; ``state_functions`` are those of
     :func:`carried_state_functions`."""
+    if pool is not None:
+        pool.close_fd()  # (inherited under fork) the mapping keeps the memory
     torch.set_num_threads(1)
     ignore_job_signals()
     endpoint.parent = ParentWatch(parent_pid)
@@ -504,6 +513,7 @@ def run_worker(
         options=options,
         init_error=init_error,
         state_functions=state_functions,
+        pool=pool,
     )
     try:
         loop.run()

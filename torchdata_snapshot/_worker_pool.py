@@ -51,6 +51,7 @@ from torchdata_snapshot._options import FaultOptions, WorkerOptions
 from torchdata_snapshot._outlet import Outlet
 from torchdata_snapshot._positions import UserPositions, not_one_to_one
 from torchdata_snapshot._restore_plan import PendingRestore
+from torchdata_snapshot._tensor_pool import TensorPoolOptions
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
 __all__ = ["DispatcherClient", "WorkerPool"]
@@ -132,8 +133,10 @@ class WorkerPool:
         options: WorkerOptions,
         window: int,
         faults: FaultOptions,
+        tensor_pool: Optional[TensorPoolOptions] = None,
     ) -> WorkerPool:
-        """Split ``datapipe`` and start its processes; the graph is checked before any starts."""
+        """Split ``datapipe`` and start its processes; the graph is checked before any starts.
+        ``tensor_pool``: each worker gets a pool of that size (see :mod:`torchdata_snapshot._tensor_pool`)."""
         graph = traverse_dps(datapipe)
         dispatching_dp = find_lca_round_robin_sharding_dp(graph)
         if dispatching_dp is not None:
@@ -153,7 +156,7 @@ class WorkerPool:
                 "restart_dead_workers is not supported with sharding_round_robin_dispatch: a restarted "
                 "worker would need the dispatched items of its stream again"
             )
-        launcher = ProcessLauncher(ctx, num_workers, options)
+        launcher = ProcessLauncher(ctx, num_workers, options, tensor_pool)
         dispatcher = None
         links: List[Optional[Channel]] = [None] * num_workers
         try:

@@ -109,7 +109,8 @@ class WorkerStream:
         """Keep a data or state response of this stream; ``False`` if it is neither (a control
         answer, which the caller handles)."""
         first = self.received + 1
-        added = file_response(response, epoch, self.buffer)
+        pool = None if self.channel is None else self.channel.pool  # (no channel: in-process tests)
+        added = file_response(response, epoch, self.buffer, pool)
         if added is not None:
             if added:
                 assert isinstance(response, ItemsResponse)

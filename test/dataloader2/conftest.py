@@ -1,8 +1,10 @@
 """Shared fixtures: DataLoader2s that are always shut down, and a guard that fails any test
-leaving a child process alive or a shared-memory segment of its processes behind."""
+leaving a child process alive, a shared-memory segment of its processes behind, or a tensor pool
+mapped in this process."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import sys
@@ -123,6 +125,16 @@ def _existing(names: Iterable[str]) -> Dict[_FileId, str]:
     return found
 
 
+#: How a tensor pool's memfd shows in ``/proc/self/maps`` (see ``torchdata_snapshot._tensor_pool``).
+_POOL_MAPPING = "/memfd:torchdata_snapshot tensor pool"
+
+
+def _mapped_pools() -> int:
+    """How many tensor pools this process maps: they are unmapped once no tensor views them."""
+    with open("/proc/self/maps") as maps:
+        return sum(_POOL_MAPPING in line for line in maps)
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_processes_or_shared_memory(request: pytest.FixtureRequest) -> Any:
     """Fail the test if it leaves a child process running or a /dev/shm segment behind (one its
@@ -131,8 +143,11 @@ def no_leftover_processes_or_shared_memory(request: pytest.FixtureRequest) -> An
     Leftovers get ``LEFTOVER_WAIT_S`` to exit (a bounded wait, not a sleep), then are killed
     so that the next test starts clean, and the test fails naming them.
     """
-    before, shm_before = _children(), _shared_memory()
+    before, shm_before, pools_before = _children(), _shared_memory(), _mapped_pools()
     yield
+    if _mapped_pools() > pools_before:
+        gc.collect()  # the test's own tensors, in a frame or a cycle: then gone
+    pools_left = _mapped_pools() - pools_before
     leftover = [child for pid, child in _children().items() if pid not in before]
     _, alive = psutil.wait_procs(leftover, timeout=LEFTOVER_WAIT_S)
     described = []
@@ -146,6 +161,7 @@ def no_leftover_processes_or_shared_memory(request: pytest.FixtureRequest) -> An
     assert not described, f"the test left child processes running: {', '.join(described)}"
     left = _ours(_shared_memory() - shm_before)
     assert not left, f"the test left shared-memory segments in /dev/shm: {left}"
+    assert pools_left <= 0, f"the test left {pools_left} tensor pool(s) mapped in the main process"
 
 
 @pytest.fixture

@@ -617,3 +617,17 @@ def five_milliseconds(x: int) -> int:
 
     time.sleep(0.005)
     return x
+
+
+def tokens(numel: int, x: int) -> Any:
+    """``numel`` int64 tokens (8,192 of them: a 64 KB item), counting up from ``x``."""
+    import torch
+
+    return torch.arange(x, x + numel, dtype=torch.int64)
+
+
+def tensor_items(n: int = 40, numel: int = 8192) -> IterDataPipe:
+    """Items of one ``numel``-element int64 tensor each, with a shuffle before the sharding."""
+    from functools import partial
+
+    return IterableWrapper(range(n)).shuffle().sharding_filter().map(partial(tokens, numel))

@@ -125,3 +125,20 @@ def test_the_guard_counts_only_the_shared_memory_of_the_tests_processes(pytester
         ]
     )
     result.stdout.no_fnmatch_line("*sem.mp-*")
+
+
+_LEAKY_POOL_TEST = """
+import builtins
+from torchdata_snapshot._tensor_pool import TensorPool, TensorPoolOptions
+
+def test_keeps_a_tensor_pool_mapped():
+    builtins.kept = TensorPool(TensorPoolOptions(1, 4096))
+"""
+
+
+def test_the_guard_fails_a_test_that_leaves_a_tensor_pool_mapped(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest((Path(__file__).parent / "conftest.py").read_text())
+    pytester.makepyfile(test_leaky=textwrap.dedent(_LEAKY_POOL_TEST))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--rootdir={pytester.path}")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*the test left 1 tensor pool(s) mapped in the main process*"])

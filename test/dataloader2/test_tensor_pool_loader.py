@@ -1,0 +1,123 @@
+"""``tensor_pool=True`` end to end: tensors reach the user as views of recycled slots, equal to
+the in-process run, valid as long as the user keeps them, and nothing leaks on faults."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any, List
+
+import pytest
+import torch
+from pipelines import rs, take, tensor_items, worker_processes
+from torchdata.dataloader2 import DataLoader2
+
+from torchdata_snapshot import WorkerDiedError
+from torchdata_snapshot._tensor_pool import TensorPoolOptions
+
+SIXTY_FOUR_KB, ONE_MB = 8192, 131072  # int64 elements
+
+
+def pooled(t: torch.Tensor) -> bool:
+    """A tensor that came through the pool views a slot; the usual path gives shared memory."""
+    return not t.is_shared()
+
+
+def in_process(n: int, numel: int) -> List[torch.Tensor]:
+    dl = DataLoader2(tensor_items(n, numel), reading_service=rs(0))
+    dl.seed(0)
+    try:
+        return list(dl)
+    finally:
+        dl.shutdown()
+
+
+def assert_equal(got: List[torch.Tensor], expected: List[torch.Tensor]) -> None:
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("numel", [SIXTY_FOUR_KB, ONE_MB])
+def test_items_equal_the_in_process_run(make_dl: Any, context: str, numel: int) -> None:
+    dl = make_dl(tensor_items(30, numel), rs(2, multiprocessing_context=context, tensor_pool=True))
+    got = [t.clone() if i % 2 else t for i, t in enumerate(dl)]  # some kept, some copied
+    assert_equal(got, in_process(30, numel))
+    assert any(pooled(t) for t in got[::2])
+
+
+def test_a_kept_tensor_stays_valid_and_its_slot_is_not_reused(make_dl: Any) -> None:
+    dl = make_dl(tensor_items(200), rs(1, tensor_pool=True))
+    it = iter(dl)
+    kept = next(it)
+    assert pooled(kept)
+    expected = kept.clone()
+    for t in it:  # many more items than slots go by while it is kept
+        assert t.data_ptr() != kept.data_ptr()
+        assert torch.equal(kept, expected)
+    dl.shutdown()
+    assert torch.equal(kept, expected)  # valid after shutdown too; unmapped when dropped
+
+
+def test_a_user_holding_every_item_does_not_block_the_workers(make_dl: Any) -> None:
+    slots = TensorPoolOptions.for_window(21, 4096).slots  # 1 worker: a window of 21
+    dl = make_dl(tensor_items(3 * slots), rs(1, tensor_pool=True))
+    held = list(dl)  # more than the pool's slots: the rest take the usual path
+    assert_equal(held, in_process(3 * slots, SIXTY_FOUR_KB))
+    assert any(pooled(t) for t in held) and not all(pooled(t) for t in held)
+    del held
+    again = list(dl)  # slots came back when the tensors were dropped
+    assert pooled(again[0])
+
+
+def test_tensors_larger_than_a_slot_take_the_usual_path(make_dl: Any) -> None:
+    dl = make_dl(tensor_items(10, ONE_MB), rs(1, tensor_pool=True, tensor_pool_slot_bytes=64 << 10))
+    got = list(dl)
+    assert_equal(got, in_process(10, ONE_MB))
+    assert not any(pooled(t) for t in got)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_a_killed_worker_is_reported_and_leaks_nothing(make_dl: Any, context: str) -> None:
+    dl = make_dl(tensor_items(400), rs(2, multiprocessing_context=context, tensor_pool=True))
+    it = iter(dl)
+    held = take(it, 10)
+    os.kill(worker_processes(dl)[1].pid, signal.SIGKILL)
+    with pytest.raises(WorkerDiedError, match="worker 1"):
+        for _ in it:
+            pass
+    assert all(t.shape == (SIXTY_FOUR_KB,) for t in held)
+
+
+def test_self_healing_continues_exactly_with_the_pool(make_dl: Any) -> None:
+    expected = in_process(200, SIXTY_FOUR_KB)
+    dl = make_dl(tensor_items(200), rs(2, tensor_pool=True, restart_dead_workers=1))
+    it = iter(dl)
+    got = take(it, 20)
+    os.kill(worker_processes(dl)[0].pid, signal.SIGKILL)
+    with pytest.warns(RuntimeWarning, match="restarting it"):
+        got += list(it)
+    assert_equal(got, expected)
+
+
+def test_shutdown_mid_epoch_leaks_nothing(make_dl: Any) -> None:
+    dl = make_dl(tensor_items(400, ONE_MB), rs(2, tensor_pool=True))
+    it = iter(dl)
+    kept = take(it, 5)
+    dl.shutdown()
+    assert all(pooled(t) for t in kept)
+
+
+def test_exact_resume_with_tensor_items(make_dl: Any) -> None:
+    expected = in_process(60, SIXTY_FOUR_KB)
+    dl = make_dl(tensor_items(60), rs(2, tensor_pool=True))
+    it = iter(dl)
+    head = take(it, 23)
+    state = dl.state_dict()
+    dl.shutdown()
+    again = DataLoader2.from_state(state, rs(2, tensor_pool=True))
+    try:
+        assert_equal(head + list(again), expected)
+    finally:
+        again.shutdown()
