@@ -5,7 +5,8 @@ worker and 10 in the main process; ``DataLoader``/``StatefulDataLoader`` with
 ``prefetch_factor=10`` (items per worker). Workers are started before timing starts. ``in_process``
 (upstream's ``InProcessReadingService``, whatever the worker count) is the ceiling.
 ``ours_read_ahead`` is ours with ``read_ahead=True``, which only changes ``num_workers=0``: it
-runs there only (see :data:`IN_PROCESS_ONLY`).
+runs there only (see :data:`IN_PROCESS_ONLY`). ``ours_tensor_pool`` is ours with ``tensor_pool=True``,
+on tensor workloads with workers only (see :data:`TENSORS_ONLY`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ PREFETCH = 10
 
 #: Peers measured with ``num_workers=0`` only (the same as another peer with workers).
 IN_PROCESS_ONLY = frozenset({"ours_read_ahead"})
+
+#: Peers measured with workers on tensor workloads only (``tensor_pool=True`` changes nothing else).
+TENSORS_ONLY = frozenset({"ours_tensor_pool"})
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,9 @@ def peers() -> Dict[str, Peer]:
         "ours": Peer("ours", _dl2(MultiProcessingReadingService), _shutdown_dl2, lambda dl: dl.state_dict()),
         "ours_read_ahead": Peer(
             "ours_read_ahead", _dl2(partial(MultiProcessingReadingService, read_ahead=True)), _shutdown_dl2
+        ),
+        "ours_tensor_pool": Peer(
+            "ours_tensor_pool", _dl2(partial(MultiProcessingReadingService, tensor_pool=True)), _shutdown_dl2
         ),
         "dataloader": Peer("dataloader", _torch_loader(DataLoader), _drop_torch_loader),
         "in_process": Peer("in_process", _in_process, _shutdown_dl2),

@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 import warnings
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Sequence, Tuple
@@ -40,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torchdata  # noqa: E402
-from peers import IN_PROCESS_ONLY, Peer, peers  # noqa: E402
+from peers import IN_PROCESS_ONLY, TENSORS_ONLY, Peer, peers  # noqa: E402
 from torchdata.dataloader2 import DataLoader2, InProcessReadingService  # noqa: E402
 from workloads import Workload, calibrate_burn, restore_workloads, workloads  # noqa: E402
 
@@ -78,26 +79,36 @@ def run_throughput(
     rows = []
     for workload in loads.values():
         for num_workers in args.workers:
-            measured = [p for p in all_peers.values() if num_workers == 0 or p.name not in IN_PROCESS_ONLY]
+            measured = [
+                p
+                for p in all_peers.values()
+                if (num_workers == 0 or p.name not in IN_PROCESS_ONLY)
+                and (p.name not in TENSORS_ONLY or (num_workers > 0 and workload.item_bytes > 0))
+            ]
             samples: Dict[str, List[float]] = {peer.name: [] for peer in measured}
             for _ in range(args.repeats):
                 for peer in measured:  # alternate: A B C D, A B C D, ...
                     samples[peer.name].append(throughput(peer, workload, num_workers))
             medians = {name: statistics.median(values) for name, values in samples.items()}
-            rows += throughput_rows(workload.name, num_workers, medians, samples)
+            rows += throughput_rows(workload.name, num_workers, medians, samples, workload.item_bytes)
             print(f"  {workload.name:13s} workers={num_workers}: "
                   + "  ".join(f"{n}={v:,.0f}/s" for n, v in medians.items()), flush=True)  # fmt: skip
     return rows
 
 
 #: Our variants, each a row of the table (``read_ahead`` where it was measured: ``num_workers=0``).
-VARIANTS = {"default": "ours", "read_ahead": "ours_read_ahead"}
+VARIANTS = {"default": "ours", "read_ahead": "ours_read_ahead", "tensor_pool": "ours_tensor_pool"}
 
 
 def throughput_rows(
-    workload: str, num_workers: int, medians: Dict[str, float], samples: Dict[str, List[float]]
+    workload: str,
+    num_workers: int,
+    medians: Dict[str, float],
+    samples: Dict[str, List[float]],
+    item_bytes: int = 0,
 ) -> List[Dict]:
-    """One row per variant of ours that was measured, its median as ``ours`` beside the peers'."""
+    """One row per variant of ours that was measured, its median as ``ours`` beside the peers'
+    (and, for tensor workloads, ours in GB/s)."""
     others = {name: value for name, value in medians.items() if name not in VARIANTS.values()}
     rows = []
     for variant, name in VARIANTS.items():
@@ -110,6 +121,7 @@ def throughput_rows(
                     "median_items_per_s": {"ours": medians[name], **others},
                     "samples": samples,
                     "ratios": {peer: medians[name] / value for peer, value in others.items()},
+                    "ours_gb_per_s": medians[name] * item_bytes / 1e9 if item_bytes else None,
                 }
             )
     return rows
@@ -119,6 +131,12 @@ def workers_label(row: Dict) -> str:
     """The table's workers cell: ``0, read_ahead`` for that variant (rows of older results have none)."""
     variant = row.get("variant", "default")
     return f"{row['num_workers']}" + ("" if variant == "default" else f", {variant}")
+
+
+def gb_per_s(row: Dict) -> str:
+    """Ours in GB/s, for tensor workloads (rows of older results have none)."""
+    value = row.get("ours_gb_per_s")
+    return "" if value is None else f"{value:.2f}"
 
 
 def percentile(values: List[float], q: float) -> float:
@@ -310,8 +328,8 @@ def markdown(results: Dict) -> str:
         "",
         "| workload | workers | ours items/s | upstream MPRS | DataLoader | StatefulDataLoader "
         "| in-process (ceiling) | ours/upstream | ours/DataLoader | ours/StatefulDataLoader "
-        "| ours/ceiling |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ours/ceiling | ours GB/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     nan = float("nan")
     for row in results["throughput"]:
@@ -320,7 +338,8 @@ def markdown(results: Dict) -> str:
             f"| {row['workload']} | {workers_label(row)} | {m['ours']:,.0f} | {m['upstream_mprs']:,.0f} "
             f"| {m['dataloader']:,.0f} | {m.get('stateful_dataloader', nan):,.0f} "
             f"| {m.get('in_process', nan):,.0f} | {r['upstream_mprs']:.1f}x | {r['dataloader']:.2f}x "
-            f"| {r.get('stateful_dataloader', nan):.2f}x | {r.get('in_process', nan):.2f}x |"
+            f"| {r.get('stateful_dataloader', nan):.2f}x | {r.get('in_process', nan):.2f}x "
+            f"| {gb_per_s(row)} |"
         )
     lines += ["", "| latency (4 workers, prefetching) | p50 | p99 |", "|---|---:|---:|"]
     for key, value in results["latency"].items():
@@ -412,7 +431,7 @@ def main() -> None:
     loads = {name: w for name, w in workloads(burn_loops).items() if name in args.workloads}
     if args.quick:
         scale = 100 if args.smoke else 10
-        loads = {name: Workload(w.name, w.description, w.build, w.items // scale, w.slow_items // scale)
+        loads = {name: replace(w, items=w.items // scale, slow_items=w.slow_items // scale)
                  for name, w in loads.items()}  # fmt: skip
     all_peers = peers()
     results: Dict[str, Any] = {

@@ -45,6 +45,11 @@ def big_tensor(numel: int, x: int) -> torch.Tensor:
     return torch.full((numel,), float(x))
 
 
+def tokens(numel: int, x: int) -> torch.Tensor:
+    """``numel`` int64 token ids (8,192 of them: a 64 KB item)."""
+    return torch.full((numel,), x, dtype=torch.int64)
+
+
 def calibrate_burn(target_s: float = 0.001) -> int:
     loops = 10_000
     while True:
@@ -63,6 +68,7 @@ class Workload:
     build: Callable[[int], Any]
     items: int  # items per measured run for fast peers
     slow_items: int  # items per run for upstream's MPRS (two orders of magnitude slower on tiny items)
+    item_bytes: int = 0  # the bytes of tensor data an item holds (0: not a tensor workload)
 
 
 def workloads(burn_loops: int) -> Dict[str, Workload]:
@@ -87,6 +93,15 @@ def workloads(burn_loops: int) -> Dict[str, Workload]:
             lambda n: IterableWrapper(range(n)).sharding_filter().map(partial(big_tensor, 256 * 1024)),
             items=2_000,
             slow_items=1_000,
+            item_bytes=1 << 20,
+        ),
+        "tokens_64kb": Workload(
+            "tokens_64kb",
+            "range -> sharding_filter -> map(8,192 int64 tokens, 64 KB)",
+            lambda n: IterableWrapper(range(n)).sharding_filter().map(partial(tokens, 8192)),
+            items=5_000,
+            slow_items=2_000,
+            item_bytes=64 << 10,
         ),
         "text_shards": Workload(
             "text_shards",
