@@ -24,6 +24,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="how many damaged checkpoints the fuzz test tries (CI's workflow: 10000)",
     )
     parser.addoption(
+        "--tensor-pool",
+        action="store_true",
+        default=False,
+        help="the reading services of the tests that do not choose turn tensor_pool=True on",
+    )
+    parser.addoption(
         "--full-matrix",
         action="store_true",
         default=False,
@@ -40,6 +46,9 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.load_profile("full-matrix" if config.getoption("--full-matrix") else "suite")
     # Read by test_checkpoint_fuzz.py when it is imported (hypothesis settings are set then).
     os.environ["TORCHDATA_SNAPSHOT_FUZZ_EXAMPLES"] = str(config.getoption("--fuzz-examples"))
+    if config.getoption("--tensor-pool"):
+        # Read by pipelines.py and contract.py, in this process and the fresh ones tests start.
+        os.environ["TORCHDATA_SNAPSHOT_TEST_TENSOR_POOL"] = "1"
     context = config.getoption("--mp-context")
     if context is not None:
         # An environment variable, read by test/dataloader2/pipelines.py when it is imported

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import io
 import multiprocessing
+import os
 import pickle
 import traceback
 from dataclasses import dataclass, field, replace
@@ -67,6 +68,7 @@ class Config:
             worker_prefetch_cnt=self.worker_prefetch_cnt,
             main_prefetch_cnt=self.main_prefetch_cnt,
             multiprocessing_context=self.context,
+            tensor_pool=os.environ.get("TORCHDATA_SNAPSHOT_TEST_TENSOR_POOL") == "1",  # pytest --tensor-pool
         )
         kwargs.update(self.rs_options)
         kwargs.update(overrides)

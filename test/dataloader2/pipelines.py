@@ -19,6 +19,8 @@ from torchdata.datapipes.iter import IterableWrapper
 #: fork where the platform has it, as upstream's default on Linux.
 _DEFAULT_CONTEXT = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 CONTEXT = os.environ.get("TORCHDATA_SNAPSHOT_TEST_CONTEXT", _DEFAULT_CONTEXT)
+#: ``pytest --tensor-pool``: the reading services of the tests that do not choose use the pool.
+TENSOR_POOL = os.environ.get("TORCHDATA_SNAPSHOT_TEST_TENSOR_POOL") == "1"
 
 
 def rs(num_workers: int = 2, **kwargs: Any) -> Any:
@@ -26,6 +28,7 @@ def rs(num_workers: int = 2, **kwargs: Any) -> Any:
     from torchdata_snapshot import MultiProcessingReadingService
 
     kwargs.setdefault("multiprocessing_context", CONTEXT)
+    kwargs.setdefault("tensor_pool", TENSOR_POOL)
     return MultiProcessingReadingService(num_workers=num_workers, **kwargs)
 
 

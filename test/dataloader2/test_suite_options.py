@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("option", [["--mp-context", "spawn"], ["--full-matrix"]])
+@pytest.mark.parametrize("option", [["--mp-context", "spawn"], ["--full-matrix"], ["--tensor-pool"]])
 def test_options_are_accepted_without_a_path(option: list) -> None:
     command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *option]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -26,6 +26,24 @@ def test_mp_context_reaches_the_pipelines_of_the_tests() -> None:
     ]  # fmt: skip
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+
+
+def test_tensor_pool_reaches_the_reading_services_of_the_tests() -> None:
+    command = [
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tensor-pool",
+        "test/dataloader2/test_suite_options.py::test_the_tensor_pool_seen_by_tests",
+    ]  # fmt: skip
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+
+
+def test_the_tensor_pool_seen_by_tests(request: pytest.FixtureRequest) -> None:
+    import pipelines
+    from contract import Config
+
+    chosen = request.config.getoption("--tensor-pool")
+    assert pipelines.rs(1).tensor_pool is chosen
+    assert Config("tiny", 1).reading_service().tensor_pool is chosen
 
 
 def test_the_context_seen_by_tests(request: pytest.FixtureRequest) -> None:
