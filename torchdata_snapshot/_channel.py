@@ -317,6 +317,12 @@ class Channel:
         if self.watch is not None:
             self.watch()
 
+    def raise_if_dead(self, cause: BaseException) -> None:
+        """Raise :class:`WorkerDiedError` from ``cause`` (an error reading what the serving
+        process sent) if that process died; return if it is alive."""
+        if self.process is not None and process_exit(self.process, EXIT_CODE_WAIT_S)[0]:
+            self._raise_dead(cause)
+
     def _raise_dead(self, cause: Optional[BaseException]) -> None:
         exited, exitcode = False, None
         if self.process is not None:

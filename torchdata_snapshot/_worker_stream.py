@@ -110,7 +110,14 @@ class WorkerStream:
         answer, which the caller handles)."""
         first = self.received + 1
         pool = None if self.channel is None else self.channel.pool  # (no channel: in-process tests)
-        added = file_response(response, epoch, self.buffer, pool)
+        try:
+            added = file_response(response, epoch, self.buffer, pool)
+        except (OSError, EOFError) as e:
+            # Unpickling a tensor asks the sender's resource sharer for its shared memory: if the
+            # sender died, that is its death (none of the message's items counts as received).
+            if self.channel is not None:
+                self.channel.raise_if_dead(e)
+            raise
         if added is not None:
             if added:
                 assert isinstance(response, ItemsResponse)

@@ -16,6 +16,7 @@ from pipelines import (
     kill_always_at,
     kill_once_at,
     kill_once_at_reset,
+    megabyte,
     pipeline,
     rs,
     take,
@@ -188,3 +189,32 @@ def test_a_worker_dying_during_the_replay_of_a_restore_is_replaced(
     finally:
         restored.shutdown()
     assert not marker.exists(), "a worker really died"
+
+
+def tensors_killing(marker: Path, k: int, n: int = 40) -> Any:
+    return (
+        IterableWrapper(range(n)).sharding_filter().map(partial(kill_once_at, str(marker), k)).map(megabyte)
+    )
+
+
+@pytest.mark.parametrize("tensor_pool", [False, True], ids=["shared_memory", "tensor_pool"])
+def test_tensors_in_flight_from_a_killed_worker_are_produced_again_by_its_replacement(
+    make_dl: Any, tmp_path: Path, tensor_pool: bool
+) -> None:
+    """Items holding tensors that a worker sent before it was killed, not read yet: their shared
+    memory is handed over by the dead process's resource sharer (or sits in its pool). The
+    replacement produces them again: the data is exactly the same, and no ConnectionError
+    reaches the user."""
+    config = dict(worker_prefetch_cnt=10, tensor_pool=tensor_pool)
+    reference = [int(t[0]) for t in make_dl(tensors_killing(tmp_path / "absent", 21), rs(2, **config))]
+    marker = tmp_path / "kill"
+    marker.touch()
+    dl = make_dl(tensors_killing(marker, 21), rs(2, restart_dead_workers=1, **config))
+    it = iter(dl)
+    got = [int(next(it)[0])]
+    doomed = worker_processes(dl)[1]  # item 21 is worker 1's 11th: items 1 .. 19 were sent before
+    doomed.join(60)  # bounded: it kills itself at its 11th item, within its credit window
+    assert doomed.exitcode == -signal.SIGKILL, "the worker died with unread items in its pipe"
+    with pytest.warns(RuntimeWarning, match=RESTARTING):
+        got += [int(t[0]) for t in it]
+    assert got == reference
