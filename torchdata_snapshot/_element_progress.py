@@ -19,29 +19,13 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
-from torch.utils.data.datapipes.iter.fileopener import FileOpenerIterDataPipe
 from torch.utils.data.datapipes.iter.grouping import UnBatcherIterDataPipe
-from torch.utils.data.datapipes.iter.routeddecoder import RoutedDecoderIterDataPipe
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
-from torch.utils.data.datapipes.iter.streamreader import StreamReaderIterDataPipe
 from torchdata.dataloader2.graph import DataPipe, replace_dp, traverse_dps
-from torchdata.datapipes.iter import (
-    Bz2FileLoader,
-    CSVDictParser,
-    CSVParser,
-    Decompressor,
-    FlatMapper,
-    FSSpecFileOpener,
-    JsonParser,
-    LineReader,
-    ParagraphAggregator,
-    TarArchiveLoader,
-    WebDataset,
-    XzFileLoader,
-    ZipArchiveLoader,
-)
+from torchdata.datapipes.iter import FlatMapper
 
 from torchdata_snapshot._graph_state import RESUMABLE_ADAPTERS
+from torchdata_snapshot._readers import READER_EXPANDING, READER_HOLDING_ONE, READER_ONE_TO_ONE
 from torchdata_snapshot._remaining import Level, sharding_point, skips_of_instance
 from torchdata_snapshot._resumable import Expander
 from torchdata_snapshot._sharding_shift import ShardingShifts
@@ -57,34 +41,16 @@ __all__ = [
 
 #: DataPipes that yield one item per element, holding nothing at a yield point, by exact type:
 #: they may also stand between the sharding point and the graph's expander.
-ONE_TO_ONE: Tuple[type, ...] = (
-    MapperIterDataPipe,
-    FileOpenerIterDataPipe,
-    FSSpecFileOpener,
-    Decompressor,
-    XzFileLoader,
-    Bz2FileLoader,
-    JsonParser,
-    RoutedDecoderIterDataPipe,
-)
+ONE_TO_ONE: Tuple[type, ...] = (MapperIterDataPipe, *READER_ONE_TO_ONE)
 
 #: Expanders: DataPipes that yield several items per element, the same ones each time for the
 #: same element (files unchanged, functions deterministic). One may run after the sharding
 #: point of an elastic graph; a new worker skips the items of its element the user had.
-EXPANDING: Tuple[type, ...] = (
-    LineReader,
-    CSVParser,
-    CSVDictParser,
-    StreamReaderIterDataPipe,
-    TarArchiveLoader,
-    ZipArchiveLoader,
-    FlatMapper,
-    UnBatcherIterDataPipe,
-)
+EXPANDING: Tuple[type, ...] = (*READER_EXPANDING, FlatMapper, UnBatcherIterDataPipe)
 
 #: DataPipes that, after an expander, hold at most the item they took last when they yield (the
 #: first of the next sample or paragraph, an item of the expander's current element).
-HOLDING_ONE: Tuple[type, ...] = (WebDataset, ParagraphAggregator)
+HOLDING_ONE: Tuple[type, ...] = READER_HOLDING_ONE
 
 
 def chain_after(sf: DataPipe, end: DataPipe) -> Union[List[DataPipe], DataPipe]:

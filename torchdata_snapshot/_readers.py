@@ -61,7 +61,13 @@ from torchdata_snapshot._streams import (
     with_origin,
 )
 
-__all__ = ["READER_ADAPTERS", "READER_STATELESS"]
+__all__ = [
+    "READER_ADAPTERS",
+    "READER_EXPANDING",
+    "READER_HOLDING_ONE",
+    "READER_ONE_TO_ONE",
+    "READER_STATELESS",
+]
 
 #: Attributes torch's iterator hook keeps on every DataPipe: not part of a reader's configuration.
 _HOOK_FIELDS = frozenset(
@@ -359,3 +365,25 @@ READER_ADAPTERS: Dict[type, Callable[[Any], Optional[IterDataPipe]]] = {
 
 #: Reader DataPipes that hold nothing at a yield point (one element in, one item out).
 READER_STATELESS = (JsonParser, RoutedDecoderIterDataPipe)
+
+#: The readers by how they hand on what they read, for elastic resume (see
+#: :mod:`torchdata_snapshot._element_progress`): one item per element, holding nothing at a yield
+#: point; several items per element (:class:`ResumableReader`); and those that hold at most the
+#: item they took last when they yield.
+READER_ONE_TO_ONE = (
+    FileOpenerIterDataPipe,
+    FSSpecFileOpener,
+    Decompressor,
+    XzFileLoader,
+    Bz2FileLoader,
+    *READER_STATELESS,
+)
+READER_EXPANDING = (
+    LineReader,
+    CSVParser,
+    CSVDictParser,
+    StreamReaderIterDataPipe,
+    TarArchiveLoader,
+    ZipArchiveLoader,
+)
+READER_HOLDING_ONE = (WebDataset, ParagraphAggregator)
