@@ -31,7 +31,6 @@ from torchdata.dataloader2.utils.worker import WorkerInfo, process_reset_fn
 from torchdata_snapshot._channel import (
     Channel,
     Endpoint,
-    ItemEncoder,
     ParentGone,
     ParentWatch,
     ignore_job_signals,
@@ -47,6 +46,7 @@ from torchdata_snapshot._constants import (
 )
 from torchdata_snapshot._errors import ProtocolError, ReadingServiceError
 from torchdata_snapshot._graph import datapipe_state_dicts, datapipe_yields, graph_datapipes
+from torchdata_snapshot._item_codec import ItemEncoder
 from torchdata_snapshot._messages import (
     ErrorResponse,
     GetNextRequest,

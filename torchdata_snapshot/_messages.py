@@ -242,7 +242,7 @@ class GetNextRequest(Request):
 @dataclass(frozen=True)
 class ItemsResponse(Response):
     """``count`` items of epoch ``epoch``, in order, pickled one after the other into ``payload``
-    (see :class:`~torchdata_snapshot._channel.ItemEncoder`). With replay verification on,
+    (see :class:`~torchdata_snapshot._item_codec.ItemEncoder`). With replay verification on,
     ``digests`` holds the stream's running digest after each of them, as ``count`` native
     unsigned 64-bit integers (``array("Q")``; see :mod:`torchdata_snapshot._digest`). ``shared``
     counts the items that hold shared memory (tensors), whose size the payload does not tell.

@@ -13,9 +13,9 @@ from __future__ import annotations
 from array import array
 from typing import Any, Deque, List, Optional, cast
 
-from torchdata_snapshot._channel import ItemDecoder, ItemPool
 from torchdata_snapshot._compat import ExceptionWrapper
 from torchdata_snapshot._constants import SMALL_ITEMS_MAX_WINDOW
+from torchdata_snapshot._item_codec import ItemDecoder, ItemPool
 from torchdata_snapshot._messages import (
     ItemsResponse,
     Response,

@@ -20,8 +20,6 @@ from torchdata_snapshot._capture import CapturePacer
 from torchdata_snapshot._channel import (
     Channel,
     Endpoint,
-    ItemEncoder,
-    ItemPool,
     ParentGone,
     ParentWatch,
     ignore_job_signals,
@@ -46,6 +44,7 @@ from torchdata_snapshot._element_progress import ElementProgress, with_counting_
 from torchdata_snapshot._errors import ProtocolError, ReplayDivergenceError, StateCaptureError
 from torchdata_snapshot._graph import datapipe_state_dicts, datapipe_yields, graph_datapipes, pausable, paused
 from torchdata_snapshot._graph_state import GraphState
+from torchdata_snapshot._item_codec import ItemEncoder, ItemPool
 from torchdata_snapshot._messages import (
     ErrorResponse,
     GetNextRequest,

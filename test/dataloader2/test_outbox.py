@@ -13,13 +13,12 @@ from torchdata_snapshot import BatchingOptions
 from torchdata_snapshot import _messages as m
 from torchdata_snapshot._channel import (
     Channel,
-    ItemDecoder,
-    ItemEncoder,
     ParentGone,
     ParentWatch,
     make_pipe_pair,
 )
 from torchdata_snapshot._constants import LIVENESS_CHECK_INTERVAL_S
+from torchdata_snapshot._item_codec import ItemDecoder, ItemEncoder
 from torchdata_snapshot._outbox import Outbox
 from torchdata_snapshot._stream import QueuedItem
 

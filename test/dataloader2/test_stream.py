@@ -7,9 +7,9 @@ import pickle
 
 import pytest
 
-from torchdata_snapshot._channel import ItemEncoder
 from torchdata_snapshot._checkpoint import WorkerPosition
 from torchdata_snapshot._constants import SMALL_ITEMS_MAX_WINDOW
+from torchdata_snapshot._item_codec import ItemEncoder
 from torchdata_snapshot._messages import ItemsResponse
 from torchdata_snapshot._stream import Credit, QueuedItem, items_message, small_items_window
 from torchdata_snapshot._worker_stream import WorkerStream

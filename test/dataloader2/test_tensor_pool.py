@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from torchdata_snapshot._channel import ItemDecoder, ItemEncoder
+from torchdata_snapshot._item_codec import ItemDecoder, ItemEncoder
 from torchdata_snapshot._tensor_pool import TensorPool, TensorPoolOptions
 
 

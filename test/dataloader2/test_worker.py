@@ -11,9 +11,10 @@ from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
 
 from torchdata_snapshot import _messages as m
 from torchdata_snapshot import register_state_functions
-from torchdata_snapshot._channel import ItemDecoder, make_pipe_pair
+from torchdata_snapshot._channel import make_pipe_pair
 from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot._errors import ProtocolError, ReplayDivergenceError, StateCaptureError
+from torchdata_snapshot._item_codec import ItemDecoder
 from torchdata_snapshot._options import BatchingOptions, RestoreOptions, WorkerOptions
 from torchdata_snapshot._state_functions import StateFunctions
 from torchdata_snapshot._stream import items_message
