@@ -21,9 +21,10 @@ memory and a descriptor round trip per tensor, about 0.1-0.8 GB/s. With it
   ``(slot, offset, size, dtype, shape)``. A tensor that does not fit in what is left of the
   slot, a tensor that does not qualify, and every tensor of an item when no slot is free take
   the usual path (``ForkingPickler``): a worker never waits for a slot.
-* **Reading (main).** The item is unpickled with the stream's pool: its tensors are views of
-  one ``torch.frombuffer`` tensor over a memoryview of the slot, which keeps that memoryview
-  alive. No copy is made: the user's tensors *are* the slot.
+* **Reading (main).** The item is unpickled with the stream's pool: each of its tensors is a
+  ``torch.frombuffer`` tensor over its own bytes of one memoryview of the slot, which its
+  storage keeps alive. No copy is made: the user's tensors *are* the slot; yet a tensor's
+  storage is its own bytes, so ``torch.save`` writes what it holds, not the whole slot.
 * **The lifetime rule.** The slot returns to its worker when the last tensor viewing it is
   freed: a ``weakref.finalize`` on the memoryview (the object torch's storage holds) writes the
   slot's flag back to 0, from whichever thread dropped the last reference. Until then the
@@ -227,12 +228,12 @@ class TensorPool:
         """Unpickle the next item of ``stream``, its pooled tensors as views of their slot."""
         return _PoolUnpickler(stream, self).load()
 
-    def lease(self, slot: int) -> torch.Tensor:
-        """The whole of ``slot`` as a uint8 tensor; the slot is freed when the last tensor viewing
-        it is (the lifetime rule of NOTE [ Tensor pool ])."""
+    def lease(self, slot: int) -> memoryview:
+        """The memory of ``slot``, to build its tensors on; the slot is freed when the last tensor
+        built on it is (the lifetime rule of NOTE [ Tensor pool ])."""
         view = self._slot_view(slot)
         weakref.finalize(view, _free, self._flags, slot, os.getpid()).atexit = False
-        return torch.frombuffer(view, dtype=torch.uint8)
+        return view
 
 
 class _PoolUnpickler(pickle.Unpickler):
@@ -249,14 +250,17 @@ class _PoolUnpickler(pickle.Unpickler):
 
 
 def _rebuilder(pool: TensorPool) -> Callable[..., Any]:
-    """The tensors of one item: views of their slot's lease."""
-    leases: Dict[int, torch.Tensor] = {}
+    """The tensors of one item, built on their slot's lease. Each has a storage of its own bytes
+    (which holds the lease): what ``torch.save`` or a pickle of the tensor writes is its size,
+    not its slot's."""
+    leases: Dict[int, memoryview] = {}
 
     def rebuild(slot: int, offset: int, nbytes: int, dtype: Any, shape: Tuple[int, ...]) -> Any:
         lease = leases.get(slot)
         if lease is None:
             lease = leases[slot] = pool.lease(slot)
-        return lease[offset : offset + nbytes].view(dtype).view(shape)
+        own = torch.frombuffer(lease, dtype=torch.uint8, count=nbytes, offset=offset)
+        return own.view(dtype).view(shape)
 
     return rebuild
 

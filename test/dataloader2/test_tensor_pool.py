@@ -4,6 +4,7 @@ the item is dropped unsent or its last tensor is freed, in the process it was le
 from __future__ import annotations
 
 import gc
+import io
 import os
 
 import pytest
@@ -33,6 +34,21 @@ def test_the_main_process_frees_a_slot_when_its_last_view_dies() -> None:
     assert pool.free_slots() == 1  # a still views it
     del a
     assert pool.free_slots() == 2
+
+
+def test_a_pooled_tensor_saves_as_its_own_bytes_not_its_slot() -> None:
+    """A tensor's storage is what it holds: ``torch.save`` of a small tensor the user keeps
+    writes that tensor, not the whole slot it arrived in."""
+    pool = TensorPool(TensorPoolOptions(1, 1 << 20))
+    (item,) = ItemDecoder.decode(1, ItemEncoder(pool).dumps((torch.arange(3), torch.ones(2))), pool)
+    for tensor in item:
+        assert tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    saved = io.BytesIO()
+    torch.save(item, saved)
+    assert saved.tell() < 4096 and all(map(torch.equal, torch.load(io.BytesIO(saved.getvalue())), item))
+    assert pool.free_slots() == 0
+    del item, tensor
+    assert pool.free_slots() == 1
 
 
 @pytest.mark.parametrize(
