@@ -5,6 +5,9 @@ exactly that of an uninterrupted run.
     python scripts/chaos.py restarts [--epochs 3] [--items 6000] [--workers 4] [--cycles 20]
     python scripts/chaos.py all      (both; what scripts/chaos.sh runs)
 
+``--tensor-pool`` runs both with ``tensor_pool=True``: each item then carries a tensor, which
+reaches the training loop as a view of a worker's pool.
+
 ``workers``: a multi-epoch job with ``restart_dead_workers`` and a checkpoint every few steps,
 while a killer thread SIGKILLs a random worker after random intervals (also between epochs and
 during checkpoints). Every batch is compared with the uninterrupted run's.
@@ -57,8 +60,20 @@ def augment(x: int) -> tuple:
     return (x, random.randint(0, 999), int(torch.randint(0, 999, ())))
 
 
-def build(items: int) -> Any:
-    return IterableWrapper(range(items)).shuffle().sharding_filter().map(augment).batch(BATCH)
+def augment_to_tensor(x: int) -> tuple:
+    """:func:`augment`, its torch draw a tensor: what the tensor pool carries."""
+    return (x, random.randint(0, 999), torch.randint(0, 999, (1,)))
+
+
+def build(args: argparse.Namespace) -> Any:
+    source = IterableWrapper(range(args.items)).shuffle().sharding_filter()
+    return source.map(augment_to_tensor if args.tensor_pool else augment).batch(BATCH)
+
+
+def plain(batch: Any) -> Any:
+    """``batch`` with its tensors as lists, to compare with ``==`` and keep without holding a
+    pool's slot."""
+    return [(x, r, t.tolist() if isinstance(t, torch.Tensor) else t) for x, r, t in batch]
 
 
 def reading_service(args: argparse.Namespace, **faults: Any) -> MultiProcessingReadingService:
@@ -67,15 +82,16 @@ def reading_service(args: argparse.Namespace, **faults: Any) -> MultiProcessingR
         worker_prefetch_cnt=10,
         main_prefetch_cnt=10,
         multiprocessing_context=args.start_method,
+        tensor_pool=args.tensor_pool,
         **faults,
     )
 
 
 def reference(args: argparse.Namespace) -> Batches:
     """The uninterrupted run: the ground truth."""
-    with DataLoader2(build(args.items), reading_service=reading_service(args)) as dl:
+    with DataLoader2(build(args), reading_service=reading_service(args)) as dl:
         dl.seed(SEED)
-        return [(epoch, batch) for epoch in range(args.epochs) for batch in dl]
+        return [(epoch, plain(batch)) for epoch in range(args.epochs) for batch in dl]
 
 
 def compare(name: str, got: Batches, expected: Batches) -> int:
@@ -170,7 +186,7 @@ def chaos_workers(args: argparse.Namespace) -> int:
         warnings.simplefilter("always", RuntimeWarning)
         rs = reading_service(args, restart_dead_workers=args.kills + 1)
         with contextlib.ExitStack() as stack:
-            dl = stack.enter_context(DataLoader2(build(args.items), reading_service=rs))  # (a copy of rs)
+            dl = stack.enter_context(DataLoader2(build(args), reading_service=rs))  # (a copy of rs)
             dl.seed(SEED)
             killer.start()
             stack.callback(killer.finish)  # on the way out, also after a failure
@@ -180,7 +196,7 @@ def chaos_workers(args: argparse.Namespace) -> int:
                     killer.advance(epoch, step, [w.pid for w in dl.reading_service.snapshot()])
                     killer.kill_one()
                 for batch in dl:
-                    got.append((epoch, batch))
+                    got.append((epoch, plain(batch)))
                     step += 1
                     pids = None
                     if step % 10 == 0:  # a checkpoint; the killer learns the workers' new pids
@@ -225,13 +241,13 @@ def train(args: argparse.Namespace) -> None:
         dl = DataLoader2.from_state(checkpoint["data"], reading_service(args))
         first_epoch, consumed = checkpoint["epoch"], pickle.loads(checkpoint["consumed"])
     else:
-        dl = DataLoader2(build(args.items), reading_service=reading_service(args))
+        dl = DataLoader2(build(args), reading_service=reading_service(args))
         dl.seed(SEED)
         first_epoch, consumed = 0, []
     step = 0
     for epoch in range(first_epoch, args.epochs):
         for batch in dl:
-            consumed.append((epoch, batch))
+            consumed.append((epoch, plain(batch)))
             step += 1
             print(f"step {step}", flush=True)
             if step % args.checkpoint_every == 0:
@@ -247,6 +263,8 @@ def run_until_killed(args: argparse.Namespace, kill_after: Optional[int]) -> Tup
     command = [sys.executable, __file__, "train", "--workdir", args.workdir, "--items", str(args.items),
                "--epochs", str(args.epochs), "--workers", str(args.workers), "--start-method",
                args.start_method, "--checkpoint-every", str(args.checkpoint_every)]  # fmt: skip
+    if args.tensor_pool:
+        command.append("--tensor-pool")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     steps = 0
     try:
@@ -302,6 +320,7 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=20, help="restarts: how many processes to kill")
     parser.add_argument("--checkpoint-every", type=int, default=25)
     parser.add_argument("--start-method", default="fork", choices=["fork", "spawn", "forkserver"])
+    parser.add_argument("--tensor-pool", action="store_true", help="tensor_pool=True; items carry a tensor")
     parser.add_argument("--seed", type=int, default=None, help="of the kill schedule (default: random)")
     parser.add_argument("--workdir", default="")
     args = parser.parse_args()
@@ -315,7 +334,7 @@ def main() -> None:
         train(args)
         return
     print(f"chaos: --seed {args.seed}, {args.workers} workers ({args.start_method}), {args.epochs} epochs "
-          f"of {args.items} items")  # fmt: skip
+          f"of {args.items} items{', tensor pool' if args.tensor_pool else ''}")  # fmt: skip
     failed = 0
     if args.command in ("workers", "all"):
         failed |= chaos_workers(args)

@@ -10,20 +10,23 @@ import sys
 from pathlib import Path
 
 import pytest
-from pipelines import CONTEXT
+from pipelines import CONTEXT, TENSOR_POOL
 
 CHAOS = Path(__file__).resolve().parents[2] / "scripts" / "chaos.py"
 
 
 def chaos(*args: str) -> str:
+    """Run the script under the suite's start method (and tensor pool: ``pytest --tensor-pool``)."""
+    pool = ["--tensor-pool"] if TENSOR_POOL else []
     done = subprocess.run(
-        [sys.executable, str(CHAOS), *args, "--start-method", CONTEXT],
+        [sys.executable, str(CHAOS), *args, "--start-method", CONTEXT, *pool],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, f"chaos failed:\n{done.stdout}\n{done.stderr}"
     assert "chaos: passed" in done.stdout
+    assert ("tensor pool" in done.stdout.splitlines()[0]) is TENSOR_POOL
     return done.stdout
 
 
