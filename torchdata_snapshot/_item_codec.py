@@ -4,7 +4,7 @@
 (a tensor's storage travels as a shared-memory handle), one item after the other so that a batch
 of them can be bounded by bytes, and notes which items share memory with the reader.
 :class:`ItemDecoder` reads them back. An :class:`ItemPool` (the tensor pool) may take the
-tensors instead, into slots it recycles.
+tensors and numpy arrays instead, into slots it recycles.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ class ItemPool(Protocol):
         """An item is about to be pickled (worker side)."""
 
     def reduce(self, obj: Any) -> Optional[Tuple[Any, ...]]:
-        """The reduction of ``obj`` copied into the item's slot, or ``None``: the usual path."""
+        """The reduction of ``obj`` (any object the pickler meets) copied into the item's slot,
+        or ``None``: the usual path."""
 
     def end_item(self, ok: bool) -> Optional[int]:
         """The slot the item holds, if any (``ok=False``: it is not sent, its slot is freed)."""
@@ -57,12 +58,13 @@ class _SharingPickler(ForkingPickler):
         self.pool = pool
 
     def reducer_override(self, obj: Any) -> Any:
+        if self.pool is not None:
+            reduced = self.pool.reduce(obj)  # a tensor or a numpy array, copied into a slot
+            if reduced is not None:
+                self.shared = True
+                return reduced
         if type(obj) in _SHARED_TYPES:
             self.shared = True
-            if self.pool is not None:
-                reduced = self.pool.reduce(obj)
-                if reduced is not None:
-                    return reduced
         return NotImplemented  # the usual reduction
 
 

@@ -104,7 +104,7 @@ class MultiProcessingReadingService(
             back to its worker when the last tensor viewing it is freed; tensors that do not fit,
             are not contiguous CPU tensors, require grad, or arrive while the user holds every slot
             take the usual path. Tensors of one item that shared a storage arrive as separate
-            copies (see the docs' performance page).
+            copies. Numpy arrays travel the same way (see the docs' performance page).
         tensor_pool_slot_bytes: the size of a slot: the tensors of one item (or batch) that fit
             in it travel through the pool (default 4 MiB).
     """

@@ -16,17 +16,19 @@ memory and a descriptor round trip per tensor, about 0.1-0.8 GB/s. With it
   closes its descriptor once the worker started: the memory lives as long as a mapping does.
 * **Writing (worker).** When the worker pickles an item, the first tensor that qualifies
   (exactly ``torch.Tensor``, on the CPU, strided, contiguous, without autograd, conjugate or
-  negative bits, not quantized, not empty) takes the lowest free slot (flag 0 -> 1); it and the
-  item's next qualifying tensors are copied into the slot, 64-byte aligned, and pickled as
-  ``(slot, offset, size, dtype, shape)``. A tensor that does not fit in what is left of the
-  slot, a tensor that does not qualify, and every tensor of an item when no slot is free take
-  the usual path (``ForkingPickler``): a worker never waits for a slot.
+  negative bits, not quantized, not empty) or numpy array (exactly ``numpy.ndarray``,
+  C-contiguous, not empty, holding no Python objects) takes the lowest free slot (flag 0 -> 1);
+  it and the item's next qualifying tensors and arrays are copied into the slot, 64-byte
+  aligned, and pickled as ``(slot, offset, size, dtype, shape)``. One that does not fit in what
+  is left of the slot, one that does not qualify, and all of an item's when no slot is free
+  take the usual path (``ForkingPickler``): a worker never waits for a slot.
 * **Reading (main).** The item is unpickled with the stream's pool: each of its tensors is a
-  ``torch.frombuffer`` tensor over its own bytes of one memoryview of the slot, which its
-  storage keeps alive. No copy is made: the user's tensors *are* the slot; yet a tensor's
-  storage is its own bytes, so ``torch.save`` writes what it holds, not the whole slot.
-* **The lifetime rule.** The slot returns to its worker when the last tensor viewing it is
-  freed: a ``weakref.finalize`` on the memoryview (the object torch's storage holds) writes the
+  ``torch.frombuffer`` tensor (each array a numpy view of one) over its own bytes of one
+  memoryview of the slot, which its storage keeps alive. No copy is made: the user's
+  tensors *are* the slot; yet a tensor's storage is its own bytes, so ``torch.save`` writes
+  what it holds, not the whole slot.
+* **The lifetime rule.** The slot returns to its worker when the last tensor (or array) viewing
+  it is freed: a ``weakref.finalize`` on the memoryview (the object their storages hold) writes the
   slot's flag back to 0, from whichever thread dropped the last reference. Until then the
   worker never writes the slot again, however long the user keeps the tensor. The flags are
   the only shared state, each byte has one writer per transition (the worker sets, the main
@@ -53,6 +55,7 @@ import io
 import mmap
 import os
 import pickle
+import sys
 import weakref
 from dataclasses import dataclass
 from multiprocessing.reduction import DupFd
@@ -62,7 +65,7 @@ import torch
 
 from torchdata_snapshot._errors import ProtocolError
 
-__all__ = ["TensorPool", "TensorPoolOptions", "pooled_tensor"]
+__all__ = ["TensorPool", "TensorPoolOptions", "pooled_array", "pooled_tensor"]
 
 #: Offsets of tensors inside a slot are multiples of this (a cache line; every dtype's alignment).
 ALIGN_BYTES = 64
@@ -107,6 +110,24 @@ class TensorPoolOptions:
 def pooled_tensor(*args: Any) -> Any:
     """Stands in a pickle for a tensor in a pool slot; only a pool's unpickler resolves it."""
     raise ProtocolError("a tensor pickled into a tensor pool slot was unpickled without its pool")
+
+
+def pooled_array(*args: Any) -> Any:
+    """Stands in a pickle for a numpy array in a pool slot; only a pool's unpickler resolves it."""
+    raise ProtocolError("a numpy array pickled into a tensor pool slot was unpickled without its pool")
+
+
+def _array_qualifies(a: Any) -> bool:
+    """Exactly ``numpy.ndarray`` (no subclass), C-contiguous, not empty, holding no objects. The
+    type is looked up only if numpy was imported: else no item can hold an array."""
+    numpy = sys.modules.get("numpy")
+    return (
+        numpy is not None
+        and type(a) is numpy.ndarray
+        and a.flags.c_contiguous
+        and a.nbytes > 0
+        and not a.dtype.hasobject
+    )
 
 
 def _qualifies(t: Any) -> bool:
@@ -189,11 +210,33 @@ class TensorPool:
         """Free a slot whose item will never reach the main process."""
         self._flags[slot] = _FREE
 
-    def reduce(self, t: Any) -> Optional[Tuple[Any, ...]]:
-        """The reduction of tensor ``t`` copied into the item's slot, or ``None``: the usual path."""
-        if self._exhausted or not _qualifies(t):
+    def reduce(self, obj: Any) -> Optional[Tuple[Any, ...]]:
+        """The reduction of ``obj`` copied into the item's slot if it is a tensor or a numpy array
+        that qualifies and fits, else ``None``: the usual path."""
+        if self._exhausted:
             return None
-        nbytes = t.numel() * t.element_size()
+        if _qualifies(obj):
+            nbytes = obj.numel() * obj.element_size()
+            target = self._place(nbytes)
+            if target is None:
+                return None
+            try:
+                target[:] = memoryview(obj.numpy()).cast("B")  # one memcpy
+            except TypeError:  # a dtype numpy lacks (bfloat16, float8 types)
+                torch.frombuffer(target, dtype=torch.uint8).copy_(obj.reshape(-1).view(torch.uint8))
+            return (pooled_tensor, (self._slot, self._used - nbytes, nbytes, obj.dtype, tuple(obj.shape)))
+        if _array_qualifies(obj):
+            target = self._place(obj.nbytes)
+            if target is None:
+                return None
+            numpy = sys.modules["numpy"]
+            numpy.copyto(numpy.frombuffer(target, numpy.uint8), obj.reshape(-1).view(numpy.uint8))
+            return (pooled_array, (self._slot, self._used - obj.nbytes, obj.nbytes, obj.dtype, obj.shape))
+        return None
+
+    def _place(self, nbytes: int) -> Optional[memoryview]:
+        """Where the item's next ``nbytes`` go in its slot (taking a slot for its first), or
+        ``None`` if they do not fit or no slot is free."""
         offset = _round_up(self._used, ALIGN_BYTES)
         if offset + nbytes > self.slot_bytes:
             return None
@@ -202,14 +245,9 @@ class TensorPool:
             if self._slot is None:
                 self._exhausted = True
                 return None
-        start = self._header + self._slot * self.slot_bytes + offset
-        target = self._view[start : start + nbytes]
-        try:
-            target[:] = memoryview(t.numpy()).cast("B")  # one memcpy
-        except TypeError:  # a dtype numpy lacks (bfloat16, float8 types)
-            torch.frombuffer(target, dtype=torch.uint8).copy_(t.reshape(-1).view(torch.uint8))
         self._used = offset + nbytes
-        return (pooled_tensor, (self._slot, offset, nbytes, t.dtype, tuple(t.shape)))
+        start = self._header + self._slot * self.slot_bytes + offset
+        return self._view[start : start + nbytes]
 
     def _acquire(self) -> Optional[int]:
         slot = bytes(self._flags).find(b"\x00")  # the lowest: the same few slots stay in cache
@@ -241,28 +279,40 @@ class _PoolUnpickler(pickle.Unpickler):
         super().__init__(stream)
         # Not a bound method: the unpickler's memo keeps what find_class returns, and a cycle
         # through the unpickler would keep the item's tensors (and their slot) until a collection.
-        self._rebuild = _rebuilder(pool)
+        self._rebuild_tensor, self._rebuild_array = _rebuilders(pool)
 
     def find_class(self, module: str, name: str) -> Any:
-        if name == "pooled_tensor" and module == __name__:
-            return self._rebuild
+        if module == __name__:
+            if name == "pooled_tensor":
+                return self._rebuild_tensor
+            if name == "pooled_array":
+                return self._rebuild_array
         return super().find_class(module, name)
 
 
-def _rebuilder(pool: TensorPool) -> Callable[..., Any]:
-    """The tensors of one item, built on their slot's lease. Each has a storage of its own bytes
-    (which holds the lease): what ``torch.save`` or a pickle of the tensor writes is its size,
-    not its slot's."""
+def _rebuilders(pool: TensorPool) -> Tuple[Callable[..., Any], Callable[..., Any]]:
+    """The tensors and numpy arrays of one item, built on their slot's lease. Each has a storage
+    (a buffer) of its own bytes, which holds the lease: what ``torch.save`` or a pickle of it
+    writes is its size, not its slot's."""
     leases: Dict[int, memoryview] = {}
 
-    def rebuild(slot: int, offset: int, nbytes: int, dtype: Any, shape: Tuple[int, ...]) -> Any:
-        lease = leases.get(slot)
-        if lease is None:
-            lease = leases[slot] = pool.lease(slot)
-        own = torch.frombuffer(lease, dtype=torch.uint8, count=nbytes, offset=offset)
+    def lease(slot: int) -> memoryview:
+        view = leases.get(slot)
+        if view is None:
+            view = leases[slot] = pool.lease(slot)
+        return view
+
+    def rebuild_tensor(slot: int, offset: int, nbytes: int, dtype: Any, shape: Tuple[int, ...]) -> Any:
+        own = torch.frombuffer(lease(slot), dtype=torch.uint8, count=nbytes, offset=offset)
         return own.view(dtype).view(shape)
 
-    return rebuild
+    def rebuild_array(slot: int, offset: int, nbytes: int, dtype: Any, shape: Tuple[int, ...]) -> Any:
+        # Through a tensor: numpy.frombuffer would hold a memoryview of its own, not the lease,
+        # and the slot would be freed while the array views it.
+        own = torch.frombuffer(lease(slot), dtype=torch.uint8, count=nbytes, offset=offset)
+        return own.numpy().view(dtype).reshape(shape)
+
+    return rebuild_tensor, rebuild_array
 
 
 def _attach(fd: Any, slots: int, slot_bytes: int) -> TensorPool:

@@ -7,6 +7,7 @@ import gc
 import io
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -81,3 +82,63 @@ def test_a_forked_process_that_collects_an_inherited_tensor_frees_nothing() -> N
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 1  # the child's collection freed nothing
     assert pool.free_slots() == 1 and torch.equal(kept, torch.arange(5))
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.array([True, False, True]),
+        np.array(7, dtype=np.int16),  # 0-d
+        np.arange(3, dtype=">i4"),  # big-endian
+        np.array(["2026-12-02", "1970-01-01"], dtype="datetime64[D]"),  # no buffer protocol
+        np.array([(1, 2.5), (3, 4.5)], dtype=[("a", "i1"), ("b", "f8")]),  # structured
+        np.frombuffer(b"abcdef", dtype="S3"),
+    ],
+)
+def test_numpy_arrays_cross_in_the_slot_unchanged(array: np.ndarray) -> None:
+    pool = TensorPool(TensorPoolOptions(1, 1 << 16))
+    encoder = ItemEncoder(pool)
+    (got,) = ItemDecoder.decode(1, encoder.dumps({"x": array}), pool)
+    assert encoder.slot == 0 and encoder.shared  # the payload holds a slot reference, not the bytes
+    assert type(got["x"]) is np.ndarray and got["x"].dtype == array.dtype and got["x"].shape == array.shape
+    assert np.array_equal(got["x"], array) and got["x"].flags.writeable
+    kept = got.pop("x")
+    del got
+    gc.collect()
+    assert pool.free_slots() == 0  # the array the user keeps holds its slot
+    del kept
+    assert pool.free_slots() == 1
+
+
+def test_an_array_and_a_tensor_share_a_slot_until_both_are_freed() -> None:
+    pool = TensorPool(TensorPoolOptions(2, 1 << 16))
+    (item,) = ItemDecoder.decode(1, ItemEncoder(pool).dumps((np.arange(4), torch.arange(4))), pool)
+    array, tensor = item
+    del item
+    assert pool.free_slots() == 1
+    saved = io.BytesIO()
+    torch.save(array, saved, pickle_protocol=4)  # a kept array pickles as its own bytes
+    assert saved.tell() < 4096
+    del array
+    assert pool.free_slots() == 1  # the tensor still holds the slot
+    del tensor
+    assert pool.free_slots() == 2
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.array([{"k": 1}, None], dtype=object),  # Python objects
+        np.arange(12).reshape(3, 4)[:, ::2],  # not contiguous
+        np.ma.masked_array([1, 2, 3]),  # a subclass
+        np.zeros(0),  # empty
+    ],
+)
+def test_arrays_that_do_not_qualify_take_the_usual_path(array: np.ndarray) -> None:
+    pool = TensorPool(TensorPoolOptions(1, 1 << 16))
+    encoder = ItemEncoder(pool)
+    (got,) = ItemDecoder.decode(1, encoder.dumps(array), pool)
+    assert encoder.slot is None and pool.free_slots() == 1
+    assert type(got) is type(array) and got.shape == array.shape
+    assert list(got.ravel()) == list(array.ravel())
