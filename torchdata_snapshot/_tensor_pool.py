@@ -130,6 +130,16 @@ def _array_qualifies(a: Any) -> bool:
     )
 
 
+def _bytes_of(obj: Any) -> memoryview:
+    """The bytes of a qualifying tensor or array, flat, without a copy."""
+    if type(obj) is torch.Tensor:
+        try:
+            obj = obj.numpy()
+        except TypeError:  # a dtype numpy lacks (bfloat16, float8 types)
+            obj = obj.reshape(-1).view(torch.uint8).numpy()
+    return memoryview(obj.reshape(-1).view(sys.modules["numpy"].uint8))
+
+
 def _qualifies(t: Any) -> bool:
     return (
         type(t) is torch.Tensor
@@ -216,27 +226,22 @@ class TensorPool:
         if self._exhausted:
             return None
         if _qualifies(obj):
-            nbytes = obj.numel() * obj.element_size()
-            target = self._place(nbytes)
-            if target is None:
-                return None
-            try:
-                target[:] = memoryview(obj.numpy()).cast("B")  # one memcpy
-            except TypeError:  # a dtype numpy lacks (bfloat16, float8 types)
-                torch.frombuffer(target, dtype=torch.uint8).copy_(obj.reshape(-1).view(torch.uint8))
-            return (pooled_tensor, (self._slot, self._used - nbytes, nbytes, obj.dtype, tuple(obj.shape)))
-        if _array_qualifies(obj):
-            target = self._place(obj.nbytes)
-            if target is None:
-                return None
-            numpy = sys.modules["numpy"]
-            numpy.copyto(numpy.frombuffer(target, numpy.uint8), obj.reshape(-1).view(numpy.uint8))
-            return (pooled_array, (self._slot, self._used - obj.nbytes, obj.nbytes, obj.dtype, obj.shape))
-        return None
+            kind, nbytes, shape = pooled_tensor, obj.numel() * obj.element_size(), tuple(obj.shape)
+        elif _array_qualifies(obj):
+            kind, nbytes, shape = pooled_array, obj.nbytes, obj.shape
+        else:
+            return None
+        placed = self._place(nbytes)
+        if placed is None:
+            return None
+        slot, offset = placed
+        start = self._header + slot * self.slot_bytes + offset
+        self._view[start : start + nbytes] = _bytes_of(obj)  # one memcpy
+        return (kind, (slot, offset, nbytes, obj.dtype, shape))
 
-    def _place(self, nbytes: int) -> Optional[memoryview]:
-        """Where the item's next ``nbytes`` go in its slot (taking a slot for its first), or
-        ``None`` if they do not fit or no slot is free."""
+    def _place(self, nbytes: int) -> Optional[Tuple[int, int]]:
+        """``(slot, offset)``: where the item's next ``nbytes`` go (taking a slot for its first),
+        or ``None`` if they do not fit or no slot is free."""
         offset = _round_up(self._used, ALIGN_BYTES)
         if offset + nbytes > self.slot_bytes:
             return None
@@ -246,8 +251,7 @@ class TensorPool:
                 self._exhausted = True
                 return None
         self._used = offset + nbytes
-        start = self._header + self._slot * self.slot_bytes + offset
-        return self._view[start : start + nbytes]
+        return self._slot, offset
 
     def _acquire(self) -> Optional[int]:
         slot = bytes(self._flags).find(b"\x00")  # the lowest: the same few slots stay in cache
@@ -296,21 +300,19 @@ def _rebuilders(pool: TensorPool) -> Tuple[Callable[..., Any], Callable[..., Any
     writes is its size, not its slot's."""
     leases: Dict[int, memoryview] = {}
 
-    def lease(slot: int) -> memoryview:
+    def own_bytes(slot: int, offset: int, nbytes: int) -> torch.Tensor:
         view = leases.get(slot)
         if view is None:
             view = leases[slot] = pool.lease(slot)
-        return view
+        return torch.frombuffer(view, dtype=torch.uint8, count=nbytes, offset=offset)
 
     def rebuild_tensor(slot: int, offset: int, nbytes: int, dtype: Any, shape: Tuple[int, ...]) -> Any:
-        own = torch.frombuffer(lease(slot), dtype=torch.uint8, count=nbytes, offset=offset)
-        return own.view(dtype).view(shape)
+        return own_bytes(slot, offset, nbytes).view(dtype).view(shape)
 
     def rebuild_array(slot: int, offset: int, nbytes: int, dtype: Any, shape: Tuple[int, ...]) -> Any:
         # Through a tensor: numpy.frombuffer would hold a memoryview of its own, not the lease,
         # and the slot would be freed while the array views it.
-        own = torch.frombuffer(lease(slot), dtype=torch.uint8, count=nbytes, offset=offset)
-        return own.numpy().view(dtype).reshape(shape)
+        return own_bytes(slot, offset, nbytes).numpy().view(dtype).reshape(shape)
 
     return rebuild_tensor, rebuild_array
 
