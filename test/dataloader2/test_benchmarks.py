@@ -57,3 +57,44 @@ def test_benchmark_smoke_run_writes_table_and_json(tmp_path: Path) -> None:
     assert memory["state_dict_calls"] == 10 * memory["snapshots"] > 0
     assert len(memory["worker_rss_before_mb"]) == len(memory["worker_rss_after_mb"]) == 4
     assert "`snapshot()` calls (4 workers" in table
+
+
+SWEEP = RUN.with_name("restore_sweep.py")
+
+
+def test_restore_sweep_runs_from_the_epochs_first_batch_to_its_last(tmp_path: Path) -> None:
+    arguments = ["--positions", "2", "--repeats", "1", "--workloads", "image_shards", "--out", str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, str(SWEEP), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads((tmp_path / "restore_sweep.json").read_text())
+    last = 4_000 // 8 - 1  # the image shards' epoch: 4,000 JPEGs in batches of 8
+    assert [(r["strategy"], r["k"]) for r in rows] == [
+        (strategy, k) for strategy in ("stateful", "elastic 2->3") for k in (0, last)
+    ]
+    for strategy in ("stateful", "elastic 2->3"):
+        own = [r for r in rows if r["strategy"] == strategy]
+        assert own[0]["bound_s"] > 1.5 * own[0]["median_s"], "the bound adds one file's time to 1.5 x k=0"
+        assert {r["bound_s"] for r in own} == {own[0]["bound_s"]}
+        assert all(r["within"] == (r["median_s"] <= r["bound_s"]) for r in own)
+    assert "| image_shards | elastic 2->3 | 499 |" in (tmp_path / "restore_sweep.md").read_text()
+
+
+def test_restore_sweep_refuses_what_it_cannot_measure(tmp_path: Path) -> None:
+    refusals = [
+        (["--positions", "1"], "--positions must be at least 2"),
+        (["--workloads", "tiny_batched"], "not a workload over files: tiny_batched"),
+    ]
+    for arguments, named in refusals:
+        done = subprocess.run(
+            [sys.executable, str(SWEEP), *arguments, "--out", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2 and named in done.stderr, done.stderr
+    assert not list(tmp_path.iterdir()), "nothing is written when the arguments are refused"
