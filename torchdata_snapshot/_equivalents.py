@@ -10,6 +10,7 @@ at a yield point and stay as they are.
 from __future__ import annotations
 
 import copy
+import itertools
 import random
 import warnings
 from collections import deque
@@ -368,11 +369,11 @@ class ResumableFileLister(Resumable):
         state = self._take_pending()
         self._root, self._yielded = None, 0
         if state and state["root"] is not None:
-            self._root, skip = state["root"], state["yielded"]
-            for i, path in enumerate(self._list(self._root)):
-                if i >= skip:
-                    self._yielded = i + 1
-                    yield path
+            # From the loaded position on: it stays the state if no file is left to yield.
+            self._root, self._yielded = state["root"], state["yielded"]
+            for path in itertools.islice(self._list(self._root), self._yielded, None):
+                self._yielded += 1
+                yield path
         for root in self.datapipe:
             self._root, self._yielded = root, 0
             for path in self._list(root):

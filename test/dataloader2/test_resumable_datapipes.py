@@ -86,6 +86,28 @@ def test_loaded_states_resume_after_k_items(name: str, k: int, tmp: Path) -> Non
     assert head + list(fresh[-1]) == everything
 
 
+@pytest.mark.parametrize("name", sorted(BUILDS))
+def test_a_restored_equivalent_reports_the_states_of_the_uninterrupted_one(name: str, tmp: Path) -> None:
+    """Item by item, and once its data is exhausted (restored at its end included): the state of
+    a restored equivalent is the one the uninterrupted one had there, so that a restore from a
+    state captured after a restore continues exactly too. (Its sources, when they have not
+    started since their states were loaded, are the graph state's business: see test_stateful.)"""
+    uninterrupted = _chain(BUILDS[name], tmp, resumable=True)
+    everything, states = [], []
+    for item in uninterrupted[-1]:
+        everything.append(item)
+        states.append([dp.state_dict() for dp in uninterrupted])  # type: ignore[attr-defined]
+    exhausted = uninterrupted[-1].state_dict()  # type: ignore[attr-defined]
+    for k in range(1, len(everything) + 1):
+        restored = _chain(BUILDS[name], tmp, resumable=True)
+        for dp, state in zip(restored, states[k - 1]):
+            dp.load_state_dict(state)  # type: ignore[attr-defined]
+        top = restored[-1]
+        for j, item in enumerate(top, start=k):
+            assert (item, top.state_dict()) == (everything[j], states[j][-1]), f"restored after {k}, item {j}"
+        assert top.state_dict() == exhausted, f"restored after {k}, exhausted"
+
+
 def test_a_malformed_state_is_refused_when_loaded() -> None:
     with pytest.raises(ValueError, match="the state of ResumableIterableWrapper must have the fields"):
         ResumableIterableWrapper(range(3)).load_state_dict({"nonsense": 1})
