@@ -33,9 +33,11 @@ map functions drawing from them resume exactly too.
 
 A captured state describes the iterations in progress at that moment, and only DataPipes that
 started an iteration in the current epoch (or in the current pass of an enclosing ``cycle()``)
-are captured. Once the run moves past those iterations (a new epoch, a new pass of ``cycle()``)
-whatever was loaded into the DataPipes below is forgotten, so that they start afresh
-(``GraphState.forget``).
+are captured, or were given a state since and have not started yet: after a restore, a reader
+finishes the file it was restored in before it pulls from its source, and a capture meanwhile
+records the state loaded into the source, which is where it still stands. Once the run moves
+past those iterations (a new epoch, a new pass of ``cycle()``) whatever was loaded into the
+DataPipes below is forgotten, so that they start afresh (``GraphState.forget``).
 
 This module holds the ``GraphState`` each worker keeps for its graph: which DataPipes can
 resume, the rewrite into equivalents, capturing and loading the graph's state, and forgetting.
@@ -102,6 +104,9 @@ class GraphState:
         #: The entry holds ``dp``: its id cannot be reused meanwhile (DataPipes need not be
         #: hashable). Rebuilt at each epoch's :meth:`reset`.
         self._forgotten: Dict[int, Tuple[DataPipe, Optional[int]]] = {}
+        #: ``id(dp)`` -> ``(dp, the state loaded into it)`` since it was last forgotten: while
+        #: ``dp`` has not started, that state is still its state.
+        self._loaded: Dict[int, Tuple[DataPipe, Any]] = {}
 
     def _functions(self, dp: DataPipe) -> Optional[_Functions]:
         kind = type(dp)
@@ -162,7 +167,9 @@ class GraphState:
         states: Dict[str, Any] = {_RNG_KEY: packed_global_rng_state()}
         for key, dp in graph:
             if not self._started_since_forgotten(dp):
-                continue  # not started in this epoch (or pass): it will start afresh after a restore too
+                if id(dp) in self._loaded:  # given a state and not started since: it stands there
+                    states[key] = self._loaded[id(dp)][1]
+                continue  # else not started in this epoch (or pass): it starts afresh after a restore too
             functions = self._functions(dp)
             try:
                 if functions is not None:
@@ -206,6 +213,7 @@ class GraphState:
             except Exception as e:
                 what = f"load_state_dict() of DataPipe {key} ({describe_datapipe(dp)})"
                 raise StateRestoreError(f"{what} raised {type(e).__name__}: {e}") from e
+            self._loaded[id(dp)] = (dp, states[key])
 
     # --- forgetting -------------------------------------------------------------------------------
 
@@ -220,6 +228,7 @@ class GraphState:
         """
         for dp in datapipes:
             self._forgotten[id(dp)] = (dp, iterator_id(dp))
+            self._loaded.pop(id(dp), None)
             if isinstance(dp, Resumable):
                 dp.discard_loaded_state()
             if type(dp) is ShardingFilterIterDataPipe:
@@ -227,7 +236,7 @@ class GraphState:
 
     def reset(self, graph: List[Tuple[str, DataPipe]]) -> None:
         """A new epoch: every DataPipe of the graph starts afresh (see :meth:`forget`)."""
-        self._forgotten = {}
+        self._forgotten, self._loaded = {}, {}
         self.forget(dp for _, dp in graph)
 
     def _started_since_forgotten(self, dp: DataPipe) -> bool:

@@ -116,8 +116,20 @@ def test_more_workers_than_items(resumer: Resumer) -> None:
     check_contract(resumer, config, [0, 1, 2, 3, AFTER_END])
 
 
-def test_a_checkpoint_of_a_restored_run_three_times_over(resumer: Resumer) -> None:
-    config = Config("uneven_filter", 2, 1, 1, n=120)
+@pytest.mark.parametrize(
+    "config",
+    [
+        Config("uneven_filter", 2, 1, 1, n=120),
+        # A restore in the middle of an element: the one-to-many DataPipe finishes it before it
+        # pulls from its source, and states are captured meanwhile (after every item).
+        *(
+            Config(shape, 2, 1, 1, rs_options=(("max_items_between_captures", 1),))
+            for shape in ("unbatch", "unbatch_batch", "lines_after_sharding", "webdataset_after_sharding")
+        ),
+    ],
+    ids=str,
+)
+def test_a_checkpoint_of_a_restored_run_three_times_over(resumer: Resumer, config: Config) -> None:
     run, [(k, state)] = take_states(config, [5])
     expected = run[config.epoch][k:] + run[config.epoch + 1]
     got: List[Any] = []

@@ -281,6 +281,28 @@ def check_restore_at(build: Build, sharding: Tuple[int, int], epoch: int, positi
         assert list(start_epoch(again, epoch + 1)) == reference[epoch + 1], "the next epoch"
 
 
+def check_chained_restore(build: Build, sharding: Tuple[int, int], epoch: int, k: int, more: int) -> None:
+    """Capture after ``k`` items, restore, take ``more`` items, capture again and restore from that:
+    the rest of the epoch is exactly the uninterrupted run's. (Right after a restore a reader or
+    ``unbatch`` finishes its element before it pulls from its source, whose loaded state the
+    second capture must carry.)"""
+    reference = run_epochs(worker_graph(build, *sharding), epoch + 1)[epoch]
+    graph = worker_graph(build, *sharding)
+    for e in range(epoch):
+        list(start_epoch(graph, e))
+    it = start_epoch(graph, epoch)
+    head = [next(it) for _ in range(k)]
+    (dp, state), rest = restored(build, sharding, epoch, state_of(graph))
+    head += [next(rest) for _ in range(more)]
+    _, rest = restored(build, sharding, epoch, state.capture(graph_datapipes(dp)))
+    assert head + list(rest) == reference, f"restored after {k}, then after {more} more"
+
+
+def state_of(graph: Graph) -> bytes:
+    dp, state = graph
+    return state.capture(graph_datapipes(dp))
+
+
 def test_every_registered_datapipe_is_covered(compositions: Dict[str, Build]) -> None:
     covered = {type(dp) for build in compositions.values() for _, dp in graph_datapipes(build())}
     registered = set(RESUMABLE_ADAPTERS) | set(RESUMABLE_STATELESS) | {ShardingFilterIterDataPipe}
@@ -332,3 +354,36 @@ def test_any_composition_restores_exactly_at_random_positions(
         label="positions",
     )
     check_restore_at(build, sharding, epoch, positions)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_composition_restores_exactly_from_a_state_captured_after_a_restore(
+    compositions: Dict[str, Build], name: str
+) -> None:
+    build = compositions[name]
+    for sharding in [(1, 0), (3, 2)]:
+        length = len(run_epochs(worker_graph(build, *sharding), 2)[1])
+        for k, more in [(1, 1), (length // 2, 1), (length // 3, length // 3), (length - 1, 1), (length, 0)]:
+            check_chained_restore(build, sharding, 1, min(k, length), min(more, length - min(k, length)))
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    name=st.sampled_from(NAMES),
+    num_instances=st.integers(min_value=1, max_value=3),
+    data=st.data(),
+)
+def test_any_composition_restores_exactly_from_states_captured_after_restores(
+    compositions: Dict[str, Build], name: str, num_instances: int, data: st.DataObject
+) -> None:
+    build = compositions[name]
+    instance_id = data.draw(st.integers(min_value=0, max_value=num_instances - 1), label="instance_id")
+    sharding = (num_instances, instance_id)
+    length = len(run_epochs(worker_graph(build, *sharding), 1)[0])
+    k = data.draw(st.integers(min_value=0, max_value=length), label="k")
+    more = data.draw(st.integers(min_value=0, max_value=length - k), label="more")
+    check_chained_restore(build, sharding, 0, k, more)
