@@ -10,6 +10,7 @@ at a yield point and stay as they are.
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
 import random
 import warnings
@@ -41,6 +42,7 @@ from torchdata_snapshot._compat import (
     shuffler_settings,
     unbatch_dive,
 )
+from torchdata_snapshot._errors import ChangedFileError
 from torchdata_snapshot._resumable import Expander, Resumable
 from torchdata_snapshot._rng import pack_python_state, unpack_python_state
 
@@ -346,10 +348,15 @@ class ResumableMultiplexer(Resumable):
 
 
 class ResumableFileLister(Resumable):
-    """``FileLister``: its state is the root being listed and how many of its files were yielded
-    (the listing is recomputed on restore, not stored)."""
+    """``FileLister``: its state is the root being listed, how many of its files were yielded and
+    a digest of their paths (the listing is recomputed on restore, not stored). A root that lists
+    other files before that position now (a file added, removed or renamed, another order) is
+    refused when the state is loaded: counting into another listing would skip or repeat files."""
 
-    STATE = {"root": (str, type(None)), "yielded": int}
+    STATE = {"root": (str, type(None)), "yielded": int, "listed": (str, type(None))}
+    #: The running digest (a hash object does not pickle; the graph is pickled between epochs).
+    TRANSIENT = ("_listed",)
+    _listed = hashlib.blake2b(digest_size=16)  # never updated: each root starts its own
 
     def __init__(self, upstream: FileListerIterDataPipe) -> None:
         self.datapipe = upstream.datapipe
@@ -365,23 +372,50 @@ class ResumableFileLister(Resumable):
             root, self.masks, self.recursive, self.abspath, self.non_deterministic
         )
 
-    def __iter__(self) -> Iterator[str]:
-        state = self._take_pending()
-        self._root, self._yielded = None, 0
-        if state and state["root"] is not None:
-            # From the loaded position on: it stays the state if no file is left to yield.
-            self._root, self._yielded = state["root"], state["yielded"]
-            for path in itertools.islice(self._list(self._root), self._yielded, None):
-                self._yielded += 1
-                yield path
-        for root in self.datapipe:
-            self._root, self._yielded = root, 0
-            for path in self._list(root):
-                self._yielded += 1
+    def _start_root(self, root: str, skip: int = 0) -> Iterator[str]:
+        """The root's listing from its ``skip``-th path on, the digest brought past the others."""
+        self._root, self._yielded, self._listed = root, 0, hashlib.blake2b(digest_size=16)
+        for path in self._list(root):
+            self._yielded += 1
+            self._listed.update(_path_bytes(path))
+            if self._yielded > skip:
                 yield path
 
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if isinstance(state, dict) and set(state) == {"root", "yielded"}:
+            state = {**state, "listed": None}  # a state of an earlier release: no digest to check
+        super().load_state_dict(state)
+
+    def _check_state(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        root, yielded = state["root"], state["yielded"]
+        if root is not None and state["listed"] is not None:
+            listed = hashlib.blake2b(digest_size=16)
+            paths = list(itertools.islice(self._list(root), yielded))
+            for path in paths:
+                listed.update(_path_bytes(path))
+            if len(paths) < yielded or listed.hexdigest() != state["listed"]:
+                raise ChangedFileError(
+                    f"{root} lists other files than when the state was taken: the {yielded} it had "
+                    f"handed on are not its first {yielded} now (a file added, removed or renamed); "
+                    f"resuming would skip or repeat files"
+                )
+        return state
+
+    def __iter__(self) -> Iterator[str]:
+        state = self._take_pending()
+        self._root, self._yielded, self._listed = None, 0, hashlib.blake2b(digest_size=16)
+        if state and state["root"] is not None:
+            yield from self._start_root(state["root"], skip=state["yielded"])
+        for root in self.datapipe:
+            yield from self._start_root(root)
+
     def state_dict(self) -> Dict[str, Any]:
-        return {"root": self._root, "yielded": self._yielded}
+        return {"root": self._root, "yielded": self._yielded, "listed": self._listed.hexdigest()}
+
+
+def _path_bytes(path: str) -> bytes:
+    """A listed path as bytes for the listing's digest (any name a file system returns)."""
+    return path.encode("utf-8", "surrogateescape") + b"\0"
 
 
 def _adapt_iterable_wrapper(dp: IterableWrapperIterDataPipe) -> Optional[IterDataPipe]:

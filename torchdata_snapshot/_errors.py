@@ -14,7 +14,7 @@ questions that matter on a bad day: "did a process fail?" and "does this checkpo
     └── CheckpointError                  a checkpoint cannot be taken or used
         ├── StateCaptureError            a DataPipe's state could not be taken or pickled
         ├── StateRestoreError            a DataPipe's ``load_state_dict`` failed
-        │   └── ChangedFileError         a file being read when the state was taken changed
+        │   └── ChangedFileError         a file being read, or a directory being listed, changed
         ├── InvalidCheckpointError       truncated, corrupted or of another format version
         ├── IncompatibleCheckpointError  valid, but for another ``num_workers`` or pipeline
         └── ReplayDivergenceError        replay did not reproduce the recorded items
@@ -88,7 +88,9 @@ class StateRestoreError(CheckpointError):
 
 class ChangedFileError(StateRestoreError):
     """A file a reader was reading when the state was taken is gone, or its size or modification
-    time changed: resuming in it would hand out other records. The message names the file."""
+    time changed: resuming in it would hand out other records. Or a directory a ``FileLister``
+    was listing no longer lists first the files it had handed on: resuming would skip or repeat
+    files. The message names the file or the directory."""
 
 
 class InvalidCheckpointError(CheckpointError, ValueError):
