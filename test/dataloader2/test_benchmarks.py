@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 RUN = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
 
 
@@ -84,17 +86,19 @@ def test_restore_sweep_runs_from_the_epochs_first_batch_to_its_last(tmp_path: Pa
     assert "| image_shards | elastic 2->3 | 499 |" in (tmp_path / "restore_sweep.md").read_text()
 
 
-def test_restore_sweep_refuses_what_it_cannot_measure(tmp_path: Path) -> None:
+def test_restore_sweep_refuses_what_it_cannot_measure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(SWEEP.parent))
+    import restore_sweep
+
     refusals = [
         (["--positions", "1"], "--positions must be at least 2"),
         (["--workloads", "tiny_batched"], "not a workload over files: tiny_batched"),
     ]
     for arguments, named in refusals:
-        done = subprocess.run(
-            [sys.executable, str(SWEEP), *arguments, "--out", str(tmp_path)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 2 and named in done.stderr, done.stderr
+        monkeypatch.setattr(sys, "argv", [str(SWEEP), *arguments, "--out", str(tmp_path)])
+        with pytest.raises(SystemExit) as exited:
+            restore_sweep.main()
+        assert exited.value.code == 2 and named in capsys.readouterr().err
     assert not list(tmp_path.iterdir()), "nothing is written when the arguments are refused"
