@@ -31,7 +31,7 @@ EXIT_LIMIT_S = 15.0
 START_LIMIT_S = 120.0
 
 SCRIPT = """
-import gc, sys, warnings
+import gc, signal, sys, warnings
 warnings.simplefilter("ignore")
 import psutil
 from torchdata.dataloader2 import DataLoader2
@@ -96,6 +96,9 @@ def leave(how, context):
 
 
 if __name__ == "__main__":
+    # Ctrl-C as in a terminal's foreground job, even under a runner started in the background
+    # (a non-interactive shell starts background jobs with SIGINT ignored, and so their children)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     how, context = sys.argv[1], sys.argv[2]
     gc.disable()
     started = leave(how, context)

@@ -13,7 +13,7 @@ import time
 import weakref
 from functools import partial
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Iterator, List
 
 import psutil
 import pytest
@@ -208,6 +208,16 @@ def test_an_unpicklable_state_names_the_datapipe_and_the_attribute(make_dl: Any)
         dl.reading_service.snapshot()
 
 
+@pytest.fixture
+def python_ctrl_c() -> Iterator[None]:
+    """Python's own Ctrl-C handler, even under a test runner started with SIGINT ignored (a
+    background job of a non-interactive shell)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("python_ctrl_c")
 def test_ctrl_c_during_a_snapshot_shuts_the_service_down(make_dl: Any, tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
