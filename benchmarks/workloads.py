@@ -117,6 +117,7 @@ def workloads(burn_loops: int) -> Dict[str, Workload]:
             formats.image_pipeline,
             items=IMAGES,
             slow_items=IMAGES,
+            item_bytes=8 * 3 * formats.IMAGE_SIDE**2,  # a batch: 8 decoded images, uint8 CHW
         ),
     }
 
