@@ -260,20 +260,30 @@ def restored(build: Build, sharding: Tuple[int, int], epoch: int, blob: bytes) -
     return graph, iter(dp)
 
 
+def state_of(graph: Graph) -> bytes:
+    """The graph's state, captured as a worker does."""
+    dp, state = graph
+    return state.capture(graph_datapipes(dp))
+
+
+def at_epoch(build: Build, sharding: Tuple[int, int], epoch: int) -> Tuple[Graph, Iterator[Any]]:
+    """A worker's graph run through the epochs before ``epoch``, and its iterator of ``epoch``."""
+    graph = worker_graph(build, *sharding)
+    for e in range(epoch):
+        list(start_epoch(graph, e))
+    return graph, start_epoch(graph, epoch)
+
+
 def check_restore_at(build: Build, sharding: Tuple[int, int], epoch: int, positions: List[int]) -> None:
     """Capture at every position of ``positions`` in ``epoch``; each restore yields exactly the
     rest of the epoch, then the next epoch."""
     reference = run_epochs(worker_graph(build, *sharding), epoch + 2)
-    graph = worker_graph(build, *sharding)
-    dp, state = graph
-    for e in range(epoch):
-        list(start_epoch(graph, e))
-    it = start_epoch(graph, epoch)
+    graph, it = at_epoch(build, sharding, epoch)
     blobs: List[Tuple[int, bytes]] = []
     head: List[Any] = []
     for k in sorted(positions):
         head.extend(next(it) for _ in range(k - len(head)))
-        blobs.append((k, state.capture(graph_datapipes(dp))))
+        blobs.append((k, state_of(graph)))
     assert head + list(it) == reference[epoch], "capturing states changed the data"
     for k, blob in blobs:
         again, rest = restored(build, sharding, epoch, blob)
@@ -287,20 +297,12 @@ def check_chained_restore(build: Build, sharding: Tuple[int, int], epoch: int, k
     ``unbatch`` finishes its element before it pulls from its source, whose loaded state the
     second capture must carry.)"""
     reference = run_epochs(worker_graph(build, *sharding), epoch + 1)[epoch]
-    graph = worker_graph(build, *sharding)
-    for e in range(epoch):
-        list(start_epoch(graph, e))
-    it = start_epoch(graph, epoch)
+    graph, it = at_epoch(build, sharding, epoch)
     head = [next(it) for _ in range(k)]
     again, rest = restored(build, sharding, epoch, state_of(graph))
     head += [next(rest) for _ in range(more)]
     _, rest = restored(build, sharding, epoch, state_of(again))
     assert head + list(rest) == reference, f"restored after {k}, then after {more} more"
-
-
-def state_of(graph: Graph) -> bytes:
-    dp, state = graph
-    return state.capture(graph_datapipes(dp))
 
 
 def test_every_registered_datapipe_is_covered(compositions: Dict[str, Build]) -> None:
@@ -331,11 +333,17 @@ def test_each_composition_restores_exactly_at_its_start_middle_and_end(
         check_restore_at(build, sharding, 1, [0, 1, length // 2, max(0, length - 1), length])
 
 
-@settings(
-    max_examples=200,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+#: The property tests build their graphs from a module fixture, and some graphs read many files.
+SUPPRESSED = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+
+
+def draw_sharding(data: st.DataObject, num_instances: int) -> Tuple[int, int]:
+    """``(num_instances, instance_id)`` with a drawn instance."""
+    instance_id = data.draw(st.integers(min_value=0, max_value=num_instances - 1), label="instance_id")
+    return num_instances, instance_id
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=SUPPRESSED)
 @given(
     name=st.sampled_from(NAMES),
     num_instances=st.integers(min_value=1, max_value=3),
@@ -346,8 +354,7 @@ def test_any_composition_restores_exactly_at_random_positions(
     compositions: Dict[str, Build], name: str, num_instances: int, epoch: int, data: st.DataObject
 ) -> None:
     build = compositions[name]
-    instance_id = data.draw(st.integers(min_value=0, max_value=num_instances - 1), label="instance_id")
-    sharding = (num_instances, instance_id)
+    sharding = draw_sharding(data, num_instances)
     length = len(run_epochs(worker_graph(build, *sharding), epoch + 1)[epoch])
     positions = data.draw(
         st.lists(st.integers(min_value=0, max_value=length), min_size=1, max_size=3, unique=True),
@@ -368,11 +375,7 @@ def test_each_composition_restores_exactly_from_a_state_captured_after_a_restore
             check_chained_restore(build, sharding, 1, k, min(more, length - k))
 
 
-@settings(
-    max_examples=150,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@settings(max_examples=150, deadline=None, suppress_health_check=SUPPRESSED)
 @given(
     name=st.sampled_from(NAMES),
     num_instances=st.integers(min_value=1, max_value=3),
@@ -382,8 +385,7 @@ def test_any_composition_restores_exactly_from_states_captured_after_restores(
     compositions: Dict[str, Build], name: str, num_instances: int, data: st.DataObject
 ) -> None:
     build = compositions[name]
-    instance_id = data.draw(st.integers(min_value=0, max_value=num_instances - 1), label="instance_id")
-    sharding = (num_instances, instance_id)
+    sharding = draw_sharding(data, num_instances)
     length = len(run_epochs(worker_graph(build, *sharding), 1)[0])
     k = data.draw(st.integers(min_value=0, max_value=length), label="k")
     more = data.draw(st.integers(min_value=0, max_value=length - k), label="more")
