@@ -28,7 +28,7 @@ warnings.filterwarnings("ignore")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from run import RESULTS, _one_epoch, one_file_s, restore_time  # noqa: E402
+from run import RESULTS, one_epoch, one_file_s, restore_time  # noqa: E402
 from workloads import RestoreWorkload, restore_workloads  # noqa: E402
 
 STRATEGIES = {"stateful": 2, "elastic 2->3": 3}  # strategy -> workers restored with
@@ -44,7 +44,7 @@ def positions(workload: RestoreWorkload, count: int) -> List[int]:
 def sweep(workload: RestoreWorkload, count: int, repeats: int) -> List[Dict]:
     """One row per strategy and position: median restore time, and the bound it is held to."""
     assert workload.epoch_items is not None
-    build = partial(_one_epoch, workload.build, workload.epoch_items)
+    build = partial(one_epoch, workload.build, workload.epoch_items)
     one_file = one_file_s(build, workload.files)
     rows: List[Dict] = []
     for strategy, workers in STRATEGIES.items():

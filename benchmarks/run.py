@@ -206,7 +206,7 @@ def restore_time(
     return elapsed, size
 
 
-def _one_epoch(build: Callable[[int], Any], epoch_items: int, source_items: int) -> Any:
+def one_epoch(build: Callable[[int], Any], epoch_items: int, source_items: int) -> Any:
     """A pipeline over files: one epoch of ``epoch_items`` records, whatever was asked."""
     return build(epoch_items)
 
@@ -234,7 +234,7 @@ def run_restore(args: argparse.Namespace, burn_loops: int) -> List[Dict]:
     per_file: Dict[str, float] = {}
     for w in restore_workloads(burn_loops).values():
         ks = (0, 100) if args.smoke else w.quick_ks if args.quick else w.ks
-        build = w.build if w.epoch_items is None else partial(_one_epoch, w.build, w.epoch_items)
+        build = w.build if w.epoch_items is None else partial(one_epoch, w.build, w.epoch_items)
         cases.append((w.name, "stateful", build, w.items_per_k, ks, {}))
         if w.files:
             per_file[w.name] = one_file_s(build, w.files)

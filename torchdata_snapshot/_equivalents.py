@@ -347,6 +347,16 @@ class ResumableMultiplexer(Resumable):
         return {"round": list(self._round)}
 
 
+def _listing_digest() -> Any:
+    """A new digest of a listing's paths (one kind and size wherever it is computed or checked)."""
+    return hashlib.blake2b(digest_size=16)
+
+
+def _path_bytes(path: str) -> bytes:
+    """A listed path as bytes for the listing's digest (any name a file system returns)."""
+    return path.encode("utf-8", "surrogateescape") + b"\0"
+
+
 class ResumableFileLister(Resumable):
     """``FileLister``: its state is the root being listed, how many of its files were yielded and
     a digest of their paths (the listing is recomputed on restore, not stored). A root that lists
@@ -356,7 +366,7 @@ class ResumableFileLister(Resumable):
     STATE = {"root": (str, type(None)), "yielded": int, "listed": (str, type(None))}
     #: The running digest (a hash object does not pickle; the graph is pickled between epochs).
     TRANSIENT = ("_listed",)
-    _listed = hashlib.blake2b(digest_size=16)  # never updated: each root starts its own
+    _listed = _listing_digest()  # never updated: each root starts its own
 
     def __init__(self, upstream: FileListerIterDataPipe) -> None:
         self.datapipe = upstream.datapipe
@@ -374,7 +384,7 @@ class ResumableFileLister(Resumable):
 
     def _start_root(self, root: str, skip: int = 0) -> Iterator[str]:
         """The root's listing from its ``skip``-th path on, the digest brought past the others."""
-        self._root, self._yielded, self._listed = root, 0, hashlib.blake2b(digest_size=16)
+        self._root, self._yielded, self._listed = root, 0, _listing_digest()
         for path in self._list(root):
             self._yielded += 1
             self._listed.update(_path_bytes(path))
@@ -389,10 +399,9 @@ class ResumableFileLister(Resumable):
     def _check_state(self, state: Dict[str, Any]) -> Dict[str, Any]:
         root, yielded = state["root"], state["yielded"]
         if root is not None and state["listed"] is not None:
-            listed = hashlib.blake2b(digest_size=16)
+            listed = _listing_digest()
             paths = list(itertools.islice(self._list(root), yielded))
-            for path in paths:
-                listed.update(_path_bytes(path))
+            listed.update(b"".join(map(_path_bytes, paths)))
             if len(paths) < yielded or listed.hexdigest() != state["listed"]:
                 raise ChangedFileError(
                     f"{root} lists other files than when the state was taken: the {yielded} it had "
@@ -403,7 +412,7 @@ class ResumableFileLister(Resumable):
 
     def __iter__(self) -> Iterator[str]:
         state = self._take_pending()
-        self._root, self._yielded, self._listed = None, 0, hashlib.blake2b(digest_size=16)
+        self._root, self._yielded, self._listed = None, 0, _listing_digest()
         if state and state["root"] is not None:
             yield from self._start_root(state["root"], skip=state["yielded"])
         for root in self.datapipe:
@@ -411,11 +420,6 @@ class ResumableFileLister(Resumable):
 
     def state_dict(self) -> Dict[str, Any]:
         return {"root": self._root, "yielded": self._yielded, "listed": self._listed.hexdigest()}
-
-
-def _path_bytes(path: str) -> bytes:
-    """A listed path as bytes for the listing's digest (any name a file system returns)."""
-    return path.encode("utf-8", "surrogateescape") + b"\0"
 
 
 def _adapt_iterable_wrapper(dp: IterableWrapperIterDataPipe) -> Optional[IterDataPipe]:
