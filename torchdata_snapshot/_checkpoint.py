@@ -17,7 +17,8 @@ Keys (``Checkpoint.to_plain()``)::
     fingerprint   digest of the pipeline's structure (see ``graph_fingerprint``)
     arguments     per DataPipe (by ``datapipe_key``, e.g. "0:BatcherIterDataPipe"), its plain
                   constructor arguments ({"batch_size": 4, "drop_last": false}; see
-                  ``_graph.datapipe_arguments``), or None (not recorded: upgraded from version 3)
+                  ``_graph.datapipe_arguments``), or None (not recorded: a reading service
+                  that has not run)
     epoch         number of the epoch the state belongs to (-1 before the first)
     status        "idle" (no epoch started), "in_epoch", or "finished" (StopIteration reached the user)
     seed          SeedGenerator state at the start of the epoch (``seeds.seed_state``), or None
@@ -38,7 +39,7 @@ Keys (``Checkpoint.to_plain()``)::
                                         (the graph has none: each element was handed on whole)}
     next_worker   the worker the round-robin asks next
     sharding      {"world_size": W, "rank": r}: the ranks DistributedReadingService sharded over
-                  (1 and 0 without it), or None (unknown: upgraded from version 2)
+                  (1 and 0 without it), or None (unknown)
     remaining     what earlier elastic resumes of this epoch had delivered, one ``Level`` per
                   resume: {"whole": elements handed on whole, "partial": items handed on of the
                   next element}, one count per sharding instance in each (see ``_remaining``)
@@ -46,12 +47,9 @@ Keys (``Checkpoint.to_plain()``)::
                   or None (not gathered; a job of one rank does not need it)
     checksum      digest of all the above; any change to the state is detected
 
-Digests are ``None`` where replay verification was off, or nothing was delivered. Versions 1
-(marks: the digest of one item per message), 2 (no sharding positions), 3 (no arguments) and 4
-(no partial elements) are read and upgraded, without digests (1), without what elastic resume
-needs (1 and 2), without arguments (1 to 3: a restore then checks the structure only) and
-without partial counts (1 to 4: an elastic resume of a graph with a one-to-many DataPipe after
-its sharding filter is refused).
+Digests are ``None`` where replay verification was off, or nothing was delivered. Only this
+format version is read: the earlier ones were written by development builds before the first
+release, and a state of another version is refused naming both versions.
 """
 
 from __future__ import annotations
@@ -61,7 +59,7 @@ import json
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
+from typing import Any, Dict, List, Literal, Optional, Tuple
 
 from torchdata.dataloader2.graph import DataPipe, traverse_dps
 
@@ -126,18 +124,6 @@ _KEYS = (
     "ranks",
     "checksum",
 )
-_KEYS_V4 = _KEYS
-_KEYS_V3 = tuple(key for key in _KEYS if key != "arguments")
-_KEYS_V2 = tuple(key for key in _KEYS_V3 if key not in ("sharding", "remaining", "ranks"))
-
-#: The top-level keys of each format version this module reads (older ones are upgraded).
-_READABLE_KEYS = {
-    1: tuple("mark" if key == "digest" else key for key in _KEYS_V2),
-    2: _KEYS_V2,
-    3: _KEYS_V3,
-    4: _KEYS_V4,
-    FORMAT_VERSION: _KEYS,
-}
 _WORKER_KEYS = {"delivered", "digest", "state", "taken", "partial"}
 
 #: ``(taken, partial)`` of one worker: see :class:`WorkerPosition`.
@@ -162,8 +148,8 @@ class WorkerPosition:
 @dataclass(frozen=True)
 class GraphIdentity:
     """Which pipeline a state belongs to: the ``fingerprint`` of its structure and the plain
-    constructor ``arguments`` of its DataPipes (``None``: not recorded, in a state upgraded from
-    format version 3 or older)."""
+    constructor ``arguments`` of its DataPipes (``None``: not recorded, as before a reading
+    service ran)."""
 
     fingerprint: str
     arguments: Optional[Arguments] = None
@@ -183,7 +169,7 @@ class Checkpoint:
     digest: Optional[str] = None
     workers: Tuple[WorkerPosition, ...] = field(default_factory=tuple)
     next_worker: int = 0
-    #: ``(world_size, rank)`` of the sharding, ``None`` if unknown (upgraded from version 2).
+    #: ``(world_size, rank)`` of the sharding, ``None`` if unknown.
     sharding: Optional[Tuple[int, int]] = (1, 0)
     remaining: Tuple[Level, ...] = ()
     ranks: Optional[Tuple[Tuple[ShardingProgress, ...], ...]] = None
@@ -248,12 +234,12 @@ class Checkpoint:
                 f"expected {FORMAT!r}"
             )
         version = state.get("version")
-        if not _is_int(version) or version not in _READABLE_KEYS:
+        if not _is_int(version) or version != FORMAT_VERSION:
             raise InvalidCheckpointError(
-                f"the checkpoint has format version {version!r}; this reading service reads versions "
-                f"{', '.join(map(str, sorted(_READABLE_KEYS)))}"
+                f"the checkpoint has format version {version!r}; this reading service reads version "
+                f"{FORMAT_VERSION}"
             )
-        keys = _READABLE_KEYS[version]
+        keys = _KEYS
         missing = [key for key in keys if key not in state]
         if missing:
             raise InvalidCheckpointError(f"the checkpoint is truncated: missing {', '.join(missing)}")
@@ -264,14 +250,6 @@ class Checkpoint:
             raise InvalidCheckpointError(
                 "the checkpoint's checksum does not match its content: it was modified or corrupted"
             )
-        if version == 1:
-            state = _upgrade_from_v1(state)
-        if version <= 2:
-            state = _upgrade_from_v2(state)
-        if version <= 3:
-            state = _upgrade_from_v3(state)
-        if version <= 4:
-            state = _upgrade_from_v4(state)
         num_workers = _count(state, "num_workers")
         workers = state["workers"]
         if not isinstance(workers, list) or len(workers) != num_workers:
@@ -524,60 +502,6 @@ def _canonical(value: Any) -> str:
 
 def _shown(arguments: Dict[str, Any], name: str) -> str:
     return repr(arguments[name]) if name in arguments else "not recorded"
-
-
-def _upgrade_from_v4(state: Dict[str, Any]) -> Dict[str, Any]:
-    """A version-4 state in version 5's schema: no partial counts (an elastic resume through a
-    one-to-many DataPipe is refused); the elements an elastic resume delivered were whole."""
-
-    def each(value: Any, kind: type, upgrade: Callable[[Any], Any]) -> Any:  # others are refused later
-        return [upgrade(v) if isinstance(v, kind) else v for v in value] if isinstance(value, list) else value
-
-    return {
-        **state,
-        "version": FORMAT_VERSION,
-        "workers": each(state["workers"], dict, lambda w: {**w, "partial": None}),
-        "remaining": each(
-            state["remaining"], list, lambda level: {"whole": level, "partial": [0] * len(level)}
-        ),
-        "ranks": each(state["ranks"], list, lambda rank: [[taken, None] for taken in rank]),
-    }
-
-
-def _upgrade_from_v3(state: Dict[str, Any]) -> Dict[str, Any]:
-    """A version-3 state in version 4's schema: no arguments (a restore checks the structure only)."""
-    return {**state, "version": FORMAT_VERSION, "arguments": None}
-
-
-def _upgrade_from_v2(state: Dict[str, Any]) -> Dict[str, Any]:
-    """A version-2 state in version 3's schema: no sharding positions (no elastic resume)."""
-    upgraded = {**state, "version": FORMAT_VERSION, "sharding": None, "remaining": [], "ranks": None}
-    workers = state["workers"]
-    if isinstance(workers, list):
-        upgraded["workers"] = [{**w, "taken": None} if isinstance(w, dict) else w for w in workers]
-    return upgraded
-
-
-def _upgrade_from_v1(state: Dict[str, Any]) -> Dict[str, Any]:
-    """A version-1 state in version 2's schema. Version 1 recorded the digest of one item per
-    message (marks), which version 2's running digests cannot use: the upgraded state has no
-    digests, and its restore is not verified."""
-    upgraded = {key: value for key, value in state.items() if key != "mark"}
-    upgraded["version"] = FORMAT_VERSION
-    upgraded["digest"] = None
-    workers = state["workers"]
-    if isinstance(workers, list):
-        upgraded["workers"] = [_upgrade_worker_from_v1(w) for w in workers]
-    return upgraded
-
-
-def _upgrade_worker_from_v1(worker: Any) -> Any:
-    if not isinstance(worker, dict) or set(worker) != {"delivered", "mark", "state"}:
-        return worker  # refused by the v2 schema check, naming the worker
-    graph_state = worker["state"]
-    if isinstance(graph_state, dict):
-        graph_state = {**graph_state, "digest": None}
-    return {"delivered": worker["delivered"], "digest": None, "state": graph_state}
 
 
 def _checksum(state: Dict[str, Any]) -> str:

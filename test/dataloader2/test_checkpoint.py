@@ -118,8 +118,8 @@ def corrupt(edit: Callable[[Dict[str, Any]], Any], keep_checksum: bool = False) 
         ([1, 2], "must be a dict, got list"),
         (corrupt(lambda s: s.update(format="something else")), "not a checkpoint of this reading service"),
         (
-            corrupt(lambda s: s.update(version=6)),
-            "format version 6; this reading service reads versions 1, 2, 3, 4, 5",
+            corrupt(lambda s: s.update(version=FORMAT_VERSION + 1)),
+            f"format version {FORMAT_VERSION + 1}; this reading service reads version {FORMAT_VERSION}",
         ),
         (corrupt(lambda s: s.update(version=[1])), "format version \\[1\\]; this reading service"),
         (corrupt(lambda s: s.update(version=True)), "format version True; this reading service"),
@@ -354,112 +354,16 @@ def test_the_fingerprint_and_arguments_are_the_same_in_a_fresh_process() -> None
     assert ours.arguments is not None and ours.arguments["0:MapperIterDataPipe"]["fn.args[0]"] == 99
 
 
-def version_1(plain: Dict[str, Any]) -> Dict[str, Any]:
-    """``plain`` as the first format wrote it: one mark (position, item digest) instead of digests."""
+@pytest.mark.parametrize("version", range(1, FORMAT_VERSION))
+def test_a_state_of_an_earlier_format_version_is_refused_naming_both(version: int) -> None:
+    """The earlier versions were written by development builds, before the first release."""
     from torchdata_snapshot._checkpoint import _checksum
 
-    dropped = ("digest", "checksum", "sharding", "remaining", "ranks", "arguments")
-    old = {key: value for key, value in plain.items() if key not in dropped}
-    old["version"] = 1
-    old["mark"] = None
-    old["workers"] = [
-        {
-            "delivered": w["delivered"],
-            "mark": [w["delivered"], "00ff00ff00ff00ff"] if w["delivered"] else None,
-            "state": None
-            if w["state"] is None
-            else {"position": w["state"]["position"], "blob": w["state"]["blob"]},
-        }
-        for w in plain["workers"]
-    ]
+    old = {key: value for key, value in example().to_plain().items() if key != "checksum"}
+    old["version"] = version
     old["checksum"] = _checksum(old)
-    return old
-
-
-def test_a_version_1_state_is_upgraded_without_digests() -> None:
-    upgraded = Checkpoint.from_plain(version_1(example().to_plain()))
-    assert upgraded.digest is None
-    assert [w.digest for w in upgraded.workers] == [None, None], "version 1's marks digest one item only"
-    assert upgraded.workers[0].state == (2, b"\x80\x05}.", None)
-    assert upgraded.delivered == 7 and upgraded.seed == example().seed
-    assert upgraded.sharding is None and upgraded.ranks is None and upgraded.remaining == ()
-    assert [w.taken for w in upgraded.workers] == [None, None]
-    assert upgraded.graph == GraphIdentity(GRAPH.fingerprint), "version 1 recorded no arguments"
-    tampered = version_1(example().to_plain())
-    tampered["delivered"] = 8
-    with pytest.raises(InvalidCheckpointError, match="checksum does not match"):
-        Checkpoint.from_plain(tampered)
-
-
-def version_2(plain: Dict[str, Any]) -> Dict[str, Any]:
-    """``plain`` as the second format wrote it: no sharding positions."""
-    from torchdata_snapshot._checkpoint import _checksum
-
-    old = {
-        key: value
-        for key, value in plain.items()
-        if key not in ("checksum", "sharding", "remaining", "ranks", "arguments")
-    }
-    old["version"] = 2
-    old["workers"] = [
-        {key: value for key, value in w.items() if key not in ("taken", "partial")} for w in plain["workers"]
-    ]
-    old["checksum"] = _checksum(old)
-    return old
-
-
-def test_a_version_2_state_is_upgraded_without_sharding_positions() -> None:
-    upgraded = Checkpoint.from_plain(version_2(example().to_plain()))
-    assert upgraded.workers == tuple(replace(w, taken=None, partial=None) for w in example().workers)
-    assert upgraded.sharding is None and upgraded.ranks is None and upgraded.remaining == ()
-    assert upgraded.digest == example().digest and upgraded.delivered == 7
-    assert upgraded.graph == GraphIdentity(GRAPH.fingerprint), "version 2 recorded no arguments"
-    upgraded.check_fits(2, GRAPH, (5, 3)), "the world size of a version-2 state is unknown"
-
-
-def version_4(plain: Dict[str, Any]) -> Dict[str, Any]:
-    """``plain`` as the fourth format wrote it: no partial elements."""
-    from torchdata_snapshot._checkpoint import _checksum
-
-    old = {key: value for key, value in plain.items() if key != "checksum"}
-    old["version"] = 4
-    old["workers"] = [{key: value for key, value in w.items() if key != "partial"} for w in plain["workers"]]
-    old["remaining"] = [level["whole"] for level in plain["remaining"]]
-    old["ranks"] = None if plain["ranks"] is None else [[t for t, _ in rank] for rank in plain["ranks"]]
-    old["checksum"] = _checksum(old)
-    return old
-
-
-def upgraded_from_version_4(**changes: Any) -> Checkpoint:
-    """``example()`` as read from the fourth format: no partial counts, elements delivered whole."""
-    state = example(**changes)
-    return replace(
-        state,
-        workers=tuple(replace(w, partial=None) for w in state.workers),
-        remaining=tuple(Level(level.whole, (0,) * level.instances) for level in state.remaining),
-        ranks=None
-        if state.ranks is None
-        else tuple(tuple((t, None) for t, _ in rank) for rank in state.ranks),
-    )
-
-
-def test_a_version_4_state_is_upgraded_without_partial_elements() -> None:
-    assert Checkpoint.from_plain(version_4(example().to_plain())) == upgraded_from_version_4()
-
-
-def version_3(plain: Dict[str, Any]) -> Dict[str, Any]:
-    """``plain`` as the third format wrote it: no arguments (nor what version 4 lacks)."""
-    from torchdata_snapshot._checkpoint import _checksum
-
-    old = {key: value for key, value in version_4(plain).items() if key not in ("checksum", "arguments")}
-    old["version"] = 3
-    old["checksum"] = _checksum(old)
-    return old
-
-
-def test_a_version_3_state_is_upgraded_without_arguments() -> None:
-    upgraded = Checkpoint.from_plain(version_3(example().to_plain()))
-    assert upgraded == upgraded_from_version_4(graph=GraphIdentity(GRAPH.fingerprint))
-    upgraded.check_fits(2, with_argument("0:BatcherIterDataPipe", batch_size=5), (2, 0))
-    with pytest.raises(IncompatibleCheckpointError, match="another pipeline"):
-        upgraded.check_fits(2, replace(GRAPH, fingerprint="fedcba9876543210"), (2, 0))
+    with pytest.raises(
+        InvalidCheckpointError,
+        match=f"format version {version}; this reading service reads version {FORMAT_VERSION}$",
+    ):
+        Checkpoint.from_plain(old)

@@ -194,25 +194,6 @@ def test_other_arguments_are_refused_naming_the_datapipe_and_the_argument(
     )
 
 
-def test_a_state_of_format_3_restores_without_comparing_arguments(make_dl: Any) -> None:
-    """Format 3 recorded the structure only: its states still restore; on other arguments, only
-    replay tells, as it did when they were written."""
-    from torchdata_snapshot._checkpoint import _checksum
-
-    build = ARGUMENT_CHANGES["batch"][0]
-    dl = make_dl(build(4), rs(2))
-    it = iter(dl)
-    take(it, 5)
-    state = dl.state_dict()
-    rest = list(it)
-    old = {key: value for key, value in state["reading_service_state"].items() if key != "arguments"}
-    old.update(version=3, checksum=_checksum({**old, "version": 3}))
-    state = {**state, "reading_service_state": old}
-    assert list(restored(make_dl, state)) == rest
-    with pytest.raises(ReplayDivergenceError):
-        list(restored(make_dl, moved_onto(state, build(5))))
-
-
 def test_arguments_that_change_only_timing_may_change(make_dl: Any) -> None:
     build: Callable[[int], Any] = lambda k: tiny(40).prefetch(k)  # noqa: E731
     dl = make_dl(build(2), rs(2))
