@@ -36,7 +36,10 @@ Keys (``Checkpoint.to_plain()``)::
                                         them was yielded, or None (not counted),
                                "partial": items of the last of those elements that the one-to-many
                                         DataPipe after the filter had handed on then, or None
-                                        (the graph has none: each element was handed on whole)}
+                                        (the graph has none: each element was handed on whole),
+                               "opened": the files the items after "state" (or from the epoch's
+                                        start) opened, one bytes per item that opened some (pickled
+                                        FileOrigins, checked by the worker before it replays)}
     next_worker   the worker the round-robin asks next
     sharding      {"world_size": W, "rank": r}: the ranks DistributedReadingService sharded over
                   (1 and 0 without it), or None (unknown)
@@ -91,7 +94,7 @@ __all__ = [
 ]
 
 FORMAT = "torchdata_snapshot.MultiProcessingReadingService"
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 
 #: Where the run stood: no epoch started yet, in an epoch, or the epoch's end reached the user.
 Status = Literal["idle", "in_epoch", "finished"]
@@ -124,7 +127,7 @@ _KEYS = (
     "ranks",
     "checksum",
 )
-_WORKER_KEYS = {"delivered", "digest", "state", "taken", "partial"}
+_WORKER_KEYS = {"delivered", "digest", "state", "taken", "partial", "opened"}
 
 #: ``(taken, partial)`` of one worker: see :class:`WorkerPosition`.
 ShardingProgress = Tuple[Optional[int], Optional[int]]
@@ -136,13 +139,16 @@ class WorkerPosition:
     ``digest`` after them, the latest captured ``state`` of the worker's graph before them, and
     the elements its sharding filter had ``taken`` when the last of them was yielded, and the
     items of the last of those elements the graph's one-to-many DataPipe after the filter had
-    handed on then (``partial``; ``None`` without one: each element is handed on whole)."""
+    handed on then (``partial``; ``None`` without one: each element is handed on whole), and the
+    files the items after ``state`` opened (``opened``: packed FileOrigins, one per item that
+    opened some; see :func:`torchdata_snapshot._streams.check_opened`)."""
 
     delivered: int = 0
     digest: Optional[str] = None
     state: Optional[GraphState] = None
     taken: Optional[int] = None
     partial: Optional[int] = None
+    opened: Tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -198,6 +204,7 @@ class Checkpoint:
                     else {"position": w.state[0], "blob": w.state[1], "digest": w.state[2]},
                     "taken": w.taken,
                     "partial": w.partial,
+                    "opened": list(w.opened),
                 }
                 for w in self.workers
             ],
@@ -258,8 +265,8 @@ class Checkpoint:
         for i, w in enumerate(workers):
             if not isinstance(w, dict) or set(w) != _WORKER_KEYS:
                 raise InvalidCheckpointError(
-                    f"workers[{i}] must have 'delivered', 'digest', 'state', 'taken' and 'partial', "
-                    f"got {w!r:.300}"
+                    f"workers[{i}] must have 'delivered', 'digest', 'state', 'taken', 'partial' and "
+                    f"'opened', got {w!r:.300}"
                 )
             delivered = _count(w, "delivered", f"workers[{i}]")
             graph_state = _graph_state(w["state"], f"workers[{i}]")
@@ -267,9 +274,11 @@ class Checkpoint:
                 raise InvalidCheckpointError(f"the state of workers[{i}] is ahead of what the user received")
             taken = None if w["taken"] is None else _count(w, "taken", f"workers[{i}]")
             partial = None if w["partial"] is None else _count(w, "partial", f"workers[{i}]")
-            positions.append(
-                WorkerPosition(delivered, _digest(w["digest"], f"workers[{i}]"), graph_state, taken, partial)
-            )
+            opened = w["opened"]
+            if not isinstance(opened, list) or not all(isinstance(blob, bytes) for blob in opened):
+                raise InvalidCheckpointError(f"'opened' of workers[{i}] must be a list of bytes")
+            digest = _digest(w["digest"], f"workers[{i}]")
+            positions.append(WorkerPosition(delivered, digest, graph_state, taken, partial, tuple(opened)))
         status = state["status"]
         if status not in STATUSES:
             raise InvalidCheckpointError(f"'status' must be one of {STATUSES}, got {status!r}")

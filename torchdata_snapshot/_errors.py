@@ -87,10 +87,11 @@ class StateRestoreError(CheckpointError):
 
 
 class ChangedFileError(StateRestoreError):
-    """A file a reader was reading when the state was taken is gone, or its size or modification
-    time changed: resuming in it would hand out other records. Or a directory a ``FileLister``
-    was listing no longer lists first the files it had handed on: resuming would skip or repeat
-    files. The message names the file or the directory."""
+    """A file the restore reads again (one a captured state was reading, or one opened between
+    that state and the user's position) is gone, or its size or modification time changed:
+    resuming in it would hand out other records. Or a directory a ``FileLister`` was listing no
+    longer lists first the files it had handed on: resuming would skip or repeat files. The
+    message names the file or the directory."""
 
 
 class InvalidCheckpointError(CheckpointError, ValueError):

@@ -195,7 +195,9 @@ class ReplayRequest(Request):
     ``position``-th item (stateful restore) and ``skip`` counts from there; ``state_digest`` is
     the stream's running digest at that position (see :mod:`torchdata_snapshot._digest`).
     ``digest`` is the running digest the checkpoint recorded after the last replayed item: the
-    replay must end with the same one, or the reply is a ``ReplayDivergenceError``. It is a
+    replay must end with the same one, or the reply is a ``ReplayDivergenceError``. ``opened``
+    holds the files the replayed items opened (pickled tuples of ``FileOrigin``): each is checked
+    before anything is replayed, and a changed one is a ``ChangedFileError``. It is a
     request of its own, sent after the dispatching process (if any) was reset too, because a
     worker's replay may need dispatched items of the new epoch.
     """
@@ -205,6 +207,7 @@ class ReplayRequest(Request):
     digest: Optional[str] = None
     state: Optional[Tuple[int, bytes]] = None
     state_digest: Optional[str] = None
+    opened: Tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -249,7 +252,9 @@ class ItemsResponse(Response):
     ``taken`` holds, per item, how many elements the graph's sharding filter had taken when it
     was yielded (``array("q")``; see :mod:`torchdata_snapshot._elastic`), when counted, and
     ``partial`` the items of the last of them that the graph's expander had handed on, when it
-    has one (see :mod:`torchdata_snapshot._element_progress`)."""
+    has one (see :mod:`torchdata_snapshot._element_progress`). ``opened`` lists, for the items
+    whose production opened files, ``(index in the batch, pickled tuple of FileOrigin)``: what a
+    restore checks of the files it reads again (see :mod:`torchdata_snapshot._streams`)."""
 
     epoch: int
     count: int
@@ -258,6 +263,7 @@ class ItemsResponse(Response):
     shared: int = 0
     taken: Optional[bytes] = None
     partial: Optional[bytes] = None
+    opened: Tuple[Tuple[int, bytes], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ from torchdata_snapshot._resumable import Expander, Resumable
 from torchdata_snapshot._streams import (
     ArchiveMemberOrigin,
     DecompressedOrigin,
+    FileOrigin,
     check_described,
     describe,
     file_origin,
@@ -67,6 +68,7 @@ __all__ = [
     "READER_HOLDING_ONE",
     "READER_ONE_TO_ONE",
     "READER_STATELESS",
+    "StreamMaker",
 ]
 
 #: Attributes torch's iterator hook keeps on every DataPipe: not part of a reader's configuration.
@@ -111,18 +113,34 @@ def _take_source(owner: IterDataPipe, upstream: IterDataPipe) -> _PerElement:
 
 class StreamMaker(IterDataPipe):
     """A DataPipe that makes one ``(path, stream)`` of each element, run as upstream's, each
-    stream given its origin. It holds nothing at a yield point."""
+    stream given its origin. It holds nothing at a yield point.
+
+    The files it opens (their :class:`~torchdata_snapshot._streams.FileOrigin`, with the size and
+    modification time they had) are noted until :meth:`take_opened` takes them: the worker sends
+    them with the item whose production opened them, so that a restore can check every file it
+    reads again, not only those a captured state names."""
 
     _source: str
+    opened: List[FileOrigin]
 
     def __init__(self, upstream: IterDataPipe, attach: Callable[[_PerElement], Attach]) -> None:
         self._each = _take_source(self, upstream)
         self._attach = attach(self._each)
+        self.opened = []
 
     def __iter__(self) -> Iterator[Any]:
         for element in getattr(self, self._source):
             for item in self._each(element):
-                yield self._attach(element, item)
+                item = self._attach(element, item)
+                origin = origin_of(item[1])
+                if isinstance(origin, FileOrigin):
+                    self.opened.append(origin)
+                yield item
+
+    def take_opened(self) -> List[FileOrigin]:
+        """The files opened since the last call, in order."""
+        opened, self.opened = self.opened, []
+        return opened
 
     def __len__(self) -> int:
         return len(getattr(self, self._source))

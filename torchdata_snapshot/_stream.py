@@ -42,9 +42,10 @@ class QueuedItem:
     after it (``None`` when digests are off), whether it shares memory with the reader, and the
     elements its graph's sharding filter had taken when it was yielded (``None``: not counted,
     see :mod:`torchdata_snapshot._elastic`) and the items of the last of them handed on
-    (``partial``; ``None``: the graph has no expander)."""
+    (``partial``; ``None``: the graph has no expander), and the files opened while it was
+    produced (``opened``: a pickled tuple of ``FileOrigin``, ``None`` when none was)."""
 
-    __slots__ = ("epoch", "payload", "digest", "shared", "taken", "partial", "slot")
+    __slots__ = ("epoch", "payload", "digest", "shared", "taken", "partial", "slot", "opened")
 
     def __init__(
         self,
@@ -55,10 +56,12 @@ class QueuedItem:
         taken: Optional[int] = None,
         partial: Optional[int] = None,
         slot: Optional[int] = None,
+        opened: Optional[bytes] = None,
     ) -> None:
         self.epoch, self.payload, self.digest, self.shared = epoch, payload, digest, shared
         self.taken, self.partial = taken, partial
         self.slot = slot  # the tensor pool slot its tensors were copied into (see _tensor_pool)
+        self.opened = opened
 
 
 def take_batch(queue: Deque[Any], max_items: int, max_bytes: int) -> List[QueuedItem]:
@@ -81,7 +84,7 @@ def take_batch(queue: Deque[Any], max_items: int, max_bytes: int) -> List[Queued
 
 def items_message(batch: List[QueuedItem]) -> ItemsResponse:
     """One message for a batch of items of one epoch, with their running digests and sharding
-    positions if kept."""
+    positions if kept, and the files opened while they were produced."""
     first = batch[0]
     digests = taken = partial = None
     if first.digest is not None:
@@ -91,9 +94,9 @@ def items_message(batch: List[QueuedItem]) -> ItemsResponse:
     if first.partial is not None:
         partial = array("q", [cast(int, entry.partial) for entry in batch]).tobytes()
     payload = b"".join(entry.payload for entry in batch)
-    return ItemsResponse(
-        first.epoch, len(batch), payload, digests, sum(entry.shared for entry in batch), taken, partial
-    )
+    opened = tuple((i, entry.opened) for i, entry in enumerate(batch) if entry.opened is not None)
+    shared = sum(entry.shared for entry in batch)
+    return ItemsResponse(first.epoch, len(batch), payload, digests, shared, taken, partial, opened)
 
 
 # --- receiving ------------------------------------------------------------------------------

@@ -11,22 +11,25 @@ opens them again.
 
 An origin records the size and modification time a file had when it was first opened; opening
 it again after either changed raises :class:`~torchdata_snapshot.ChangedFileError` naming the
-file, instead of handing out other records.
+file, instead of handing out other records. The files an item's production opened travel with
+it as a packed record (:func:`pack_opened`), which a restore checks before it replays
+(:func:`check_opened`): a file opened after the captured state it loads is checked too.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import pickle
 import tarfile
 import zipfile
 from dataclasses import dataclass
-from typing import IO, Any, Callable, Dict, Optional, Tuple, Union
+from typing import IO, Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
 from torchdata_snapshot._compat import decompressor_of
-from torchdata_snapshot._errors import ChangedFileError, StateCaptureError
+from torchdata_snapshot._errors import ChangedFileError, StateCaptureError, StateRestoreError
 
 __all__ = [
     "ArchiveMemberOrigin",
@@ -34,9 +37,11 @@ __all__ = [
     "FileOrigin",
     "Origin",
     "check_described",
+    "check_opened",
     "describe",
     "file_origin",
     "origin_of",
+    "pack_opened",
     "rebuild",
     "with_origin",
 ]
@@ -79,10 +84,10 @@ class FileOrigin:
         try:
             now = self.current_fingerprint()
         except OSError as e:  # FileNotFoundError among them
-            raise ChangedFileError(f"{self.path} was read when the state was taken and is gone: {e}") from e
+            raise ChangedFileError(f"{self.path} was read before the checkpoint and is gone: {e}") from e
         if now != self.fingerprint:
             raise ChangedFileError(
-                f"{self.path} changed since the state was taken (size and modification time "
+                f"{self.path} changed since it was read before the checkpoint (size and modification time "
                 f"{self.fingerprint} then, {now} now): resuming would hand out other records"
             )
 
@@ -178,6 +183,28 @@ def file_origin(path: str, mode: str, encoding: Optional[str], file: Any, fsspec
         fs, fs_path = FileOrigin(path, mode, encoding, (None, None), fsspec)._filesystem()
         details = fs.info(fs_path)
     return FileOrigin(path, mode, encoding, _fsspec_fingerprint(details), fsspec)
+
+
+def pack_opened(origins: Sequence[FileOrigin]) -> bytes:
+    """The files an item's production opened, as a worker sends them (see :func:`check_opened`)."""
+    return pickle.dumps(tuple(origins), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def check_opened(packed: Sequence[bytes]) -> None:
+    """Raise :class:`ChangedFileError` naming the first file of ``packed`` (what
+    :func:`pack_opened` made) that is gone, or whose size or modification time changed since it
+    was opened; :class:`StateRestoreError` if ``packed`` is not such a record."""
+    for blob in packed:
+        try:
+            origins = pickle.loads(blob)
+            if not isinstance(origins, tuple) or not all(isinstance(o, FileOrigin) for o in origins):
+                raise ValueError(f"it unpickles to {type(origins).__name__}, not files")
+        except Exception as e:
+            raise StateRestoreError(
+                f"the files a checkpoint recorded cannot be read: {type(e).__name__}: {e}"
+            ) from e
+        for origin in origins:
+            origin.check()
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ from torchdata_snapshot._messages import (
 )
 from torchdata_snapshot._options import WorkerOptions
 from torchdata_snapshot._outbox import Outbox
+from torchdata_snapshot._readers import StreamMaker
 from torchdata_snapshot._remaining import load_head_start, set_remaining, sharding_point
 from torchdata_snapshot._replay import replay
 from torchdata_snapshot._serving import ServingLoop
@@ -73,6 +74,7 @@ from torchdata_snapshot._state_functions import (
     graph_state_functions,
 )
 from torchdata_snapshot._stream import QueuedItem
+from torchdata_snapshot._streams import check_opened, pack_opened
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 
 __all__ = [
@@ -142,6 +144,7 @@ class WorkerLoop(ServingLoop):
         self._sharding: Optional[ShardingFilterIterDataPipe] = None
         self._taken_before = 0  # graph_state.sharding.taken_before(self._sharding), once per iteration
         self._progress: Optional[ElementProgress] = None  # its expander's, if it has one
+        self._openers = self._find_openers()  # the graph's file openers (stateful graphs only)
 
     # --- main loop ------------------------------------------------------------------------------
 
@@ -226,7 +229,10 @@ class WorkerLoop(ServingLoop):
             taken = None if self._sharding is None else self._taken_before + samples_yielded(self._sharding)
             partial = None if self._progress is None else self._progress.partial()
             shared, slot = self.encoder.shared, self.encoder.slot
-            self.outbox.put_item(QueuedItem(self.epoch, payload, self.digest, shared, taken, partial, slot))
+            opened = self._take_opened() if self._openers else None
+            self.outbox.put_item(
+                QueuedItem(self.epoch, payload, self.digest, shared, taken, partial, slot, opened)
+            )
             if self.stateful and self.pacer.due(self.produced):
                 self._capture_state()
             if time.perf_counter() >= deadline:
@@ -272,6 +278,14 @@ class WorkerLoop(ServingLoop):
     def _find_sharding_point(self) -> Optional[ShardingFilterIterDataPipe]:
         return None if self._sources else sharding_point(self.datapipe)
 
+    def _find_openers(self) -> List[StreamMaker]:
+        return [dp for _, dp in self._graph if isinstance(dp, StreamMaker)]
+
+    def _take_opened(self) -> Optional[bytes]:
+        """The files the graph opened since the last call, packed to travel with an item."""
+        opened = [origin for opener in self._openers for origin in opener.take_opened()]
+        return pack_opened(opened) if opened else None
+
     # --- handlers -------------------------------------------------------------------------------
 
     def _on_reset_epoch(self, request: ResetEpochRequest) -> None:
@@ -300,6 +314,8 @@ class WorkerLoop(ServingLoop):
         elif elastic is not None:
             raise ProtocolError(f"{self.name}: an elastic epoch needs the graph's one sharding filter")
         self._graph = graph_datapipes(self.datapipe)
+        self._openers = self._find_openers()
+        self._take_opened()  # (of an epoch that is over)
         self.epoch = request.epoch
         for source in self._sources:
             source.reset_epoch(self.epoch)
@@ -315,6 +331,7 @@ class WorkerLoop(ServingLoop):
             raise ProtocolError(
                 f"{self.name}: a replay must directly follow the reset of epoch {request.epoch}"
             )
+        check_opened(request.opened)  # files read again that no state names
         start = 0
         if request.state is not None:
             start, blob = request.state
@@ -326,6 +343,7 @@ class WorkerLoop(ServingLoop):
             known = self.digest is not None and request.state_digest is not None
             self.digest = parse_chain_hex(request.state_digest) if known else None  # type: ignore[arg-type]
         self._replay(start, request.skip, request.digest)
+        self._take_opened()  # the main process has them: the request brought them
         self.pacer.replayed(self.produced)
         self.outbox.start_epoch(self.epoch, sent=self.produced)  # as if those had been sent
         self.outbox.put(ReplayResponse(self.epoch, request.skip))

@@ -86,6 +86,8 @@ class WorkerStream:
         self._taken = ItemLog("q")  # sharding positions (see torchdata_snapshot._elastic)
         self._partial = ItemLog("q")  # and inside the last element (see _element_progress)
         self._states: Deque[GraphState] = deque()
+        # (position, packed FileOrigins): the files the items from the kept state on opened.
+        self._opened: Deque[Tuple[int, bytes]] = deque()
 
     def start(self, position: WorkerPosition) -> None:
         """Start the epoch at ``position`` (the beginning, or a restored position)."""
@@ -100,8 +102,11 @@ class WorkerStream:
         self._taken.clear(done, position.taken if done else 0)
         self._partial.clear(done, position.partial if done else None)
         self._states.clear()
+        self._opened.clear()
         if position.state is not None:
             self._states.append(position.state)
+        after_state = 1 if position.state is None else position.state[0] + 1
+        self._opened.extend((after_state, blob) for blob in position.opened)
 
     # --- data ---------------------------------------------------------------------------------
 
@@ -124,6 +129,7 @@ class WorkerStream:
                 self._digests.append(first, response.digests)
                 self._taken.append(first, response.taken)
                 self._partial.append(first, response.partial)
+                self._opened.extend((first + index, blob) for index, blob in response.opened)
                 self.received += added
                 self._item_bytes = max(self._item_bytes, len(response.payload) // added)
                 self._shared = self._shared or response.shared > 0
@@ -170,10 +176,12 @@ class WorkerStream:
         return behind[-1] if behind else None
 
     def position(self, at: int) -> WorkerPosition:
-        """What a fresh worker needs to be brought to item ``at`` of this stream."""
-        return WorkerPosition(
-            at, self.digest_at(at), self.state_before(at), self._taken.at(at), self._partial.at(at)
-        )
+        """What a fresh worker needs to be brought to item ``at`` of this stream: the files that
+        replaying from the state opens again are among it, to be checked first."""
+        state = self.state_before(at)
+        after = 0 if state is None else state[0]
+        opened = tuple(blob for position, blob in self._opened if after < position <= at)
+        return WorkerPosition(at, self.digest_at(at), state, self._taken.at(at), self._partial.at(at), opened)
 
     def prune(self, kept: int) -> None:
         """Positions before ``kept`` will not be asked for any more: drop what only they need."""
@@ -182,12 +190,15 @@ class WorkerStream:
         self._partial.prune(kept)
         while len(self._states) > 1 and self._states[1][0] < kept:
             self._states.popleft()
+        if self._states and self._states[0][0] < kept:  # the state a position >= kept starts from
+            while self._opened and self._opened[0][0] <= self._states[0][0]:
+                self._opened.popleft()
 
     @property
     def kept_entries(self) -> int:
         """How many batches of digests and graph states are kept (memory does not grow with k)."""
         logs = (self._digests, self._taken, self._partial)
-        return sum(len(log.entries) for log in logs) + len(self._states)
+        return sum(len(log.entries) for log in logs) + len(self._states) + len(self._opened)
 
 
 def replay_request(epoch: int, position: WorkerPosition) -> ReplayRequest:
@@ -195,6 +206,8 @@ def replay_request(epoch: int, position: WorkerPosition) -> ReplayRequest:
     one (stateful restore), else from the epoch's start; the running digest of the replayed
     items is checked against the recorded one."""
     if position.state is None:
-        return ReplayRequest(epoch, position.delivered, position.digest)
+        return ReplayRequest(epoch, position.delivered, position.digest, opened=position.opened)
     start, blob, state_digest = position.state
-    return ReplayRequest(epoch, position.delivered - start, position.digest, (start, blob), state_digest)
+    return ReplayRequest(
+        epoch, position.delivered - start, position.digest, (start, blob), state_digest, position.opened
+    )

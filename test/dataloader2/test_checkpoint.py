@@ -53,7 +53,7 @@ def example(**changes: Any) -> Checkpoint:
         seed=seed_state(SeedGenerator(1)),
         delivered=7,
         workers=(
-            WorkerPosition(4, "00ff00ff00ff00ff", (2, b"\x80\x05}.", "0123456789abcdef"), 9, 2),
+            WorkerPosition(4, "00ff00ff00ff00ff", (2, b"\x80\x05}.", "0123456789abcdef"), 9, 2, (b"f",)),
             WorkerPosition(3, None, None, 6, 0),
         ),
         next_worker=0,
@@ -132,6 +132,14 @@ def corrupt(edit: Callable[[Dict[str, Any]], Any], keep_checksum: bool = False) 
             "'delivered' of workers\\[0\\] must be a non-negative",
         ),
         (corrupt(lambda s: s["workers"].pop()), "'workers' must list 2 positions"),
+        (
+            corrupt(lambda s: s["workers"][0].update(opened=["f"])),
+            "'opened' of workers\\[0\\] must be a list of bytes",
+        ),
+        (
+            corrupt(lambda s: s["workers"][1].update(opened=None)),
+            "'opened' of workers\\[1\\] must be a list of bytes",
+        ),
         (
             corrupt(lambda s: s["workers"][1].update(digest=[0, "00ff00ff00ff00ff"])),
             "digest of workers\\[1\\]",

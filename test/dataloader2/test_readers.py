@@ -4,13 +4,17 @@ with ``ChangedFileError`` naming it (instead of handing out other records)."""
 
 from __future__ import annotations
 
+import functools
 import os
+import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
-from pipelines import _write_lines, _write_samples, line_and_length, read_sample, rs, take
+from conftest import START_METHODS
+from pipelines import CONTEXT, _write_lines, _write_samples, line_and_length, read_sample, rs, take
+from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize
 from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import FileLister, IterableWrapper
 
@@ -223,3 +227,92 @@ def test_a_file_added_after_the_listers_position_is_read_as_it_is_now(tmp_path: 
     new = [record for record in rest if record not in epoch]
     assert [record for record in head + rest if record in epoch] == epoch
     assert len(new) == 10, "the new file's records are read after the others"
+
+
+#: Files of the "user is in this file" checks: 4 shards of 10 lines, 2 workers without a shuffle,
+#: so worker 0 reads shard0 then shard2, worker 1 shard1 then shard3, one item of each in turn.
+_IN_FILE_SHARDS, _IN_FILE_LINES = 4, 10
+
+
+def _in_file_pipeline(root: str) -> Any:
+    return FileLister(root, masks="*.txt").sharding_filter().open_files().readlines()
+
+
+def _partly_received(head: List[Any]) -> List[str]:
+    """The files of which ``head`` (``(path, line)`` items) holds some lines but not all, in the
+    order their last received line came."""
+    counts = Counter(path for path, _ in head)
+    last = {path: i for i, (path, _) in enumerate(head)}
+    return sorted((p for p, n in counts.items() if n < _IN_FILE_LINES), key=last.__getitem__)
+
+
+@instantiate_parametrized_tests
+class TestEveryFileReadAgainIsChecked(TestCase):
+    """A restore checks every file of which the user received part, whatever the captured state
+    it loads: one the state names, and one opened after it (a file the user has the first lines
+    of, opened after the latest capture before the position, is read again by the replay from
+    that capture). Appended to, it is refused with ``ChangedFileError`` naming it, instead of
+    handing out the appended lines."""
+
+    #: ``k`` items received: before the workers' first capture (the first line of shard0), at a
+    #: file boundary (the first line of shard2), in the middle of a file opened after the latest
+    #: capture (shards 2 and 3) and in the last file (shard3, one line short).
+    POSITIONS = {"before_first_capture": 1, "file_boundary": 21, "mid_file": 29, "last_file": 39}
+
+    def setUp(self) -> None:
+        directory = tempfile.TemporaryDirectory()
+        self.addCleanup(directory.cleanup)
+        self.root = directory.name
+        for shard in range(_IN_FILE_SHARDS):
+            path = os.path.join(self.root, f"shard{shard}.txt")
+            _write_lines(shard, range(shard, _IN_FILE_SHARDS * _IN_FILE_LINES, _IN_FILE_SHARDS), path)
+
+    def _service(self, context: str, max_items_between_captures: int) -> Any:
+        return rs(2, multiprocessing_context=context, max_items_between_captures=max_items_between_captures)
+
+    def _states_at(self, positions: List[int], service: Any) -> Tuple[List[Any], Dict[int, Any]]:
+        dl = DataLoader2(_in_file_pipeline(self.root), reading_service=service)
+        try:
+            epoch, states = [], {}
+            for item in dl:
+                epoch.append(item)
+                if len(epoch) in positions:
+                    states[len(epoch)] = dl.state_dict()
+            self.assertTrue(all(s.stateful for s in dl.reading_service.snapshot()), "readers are resumable")
+        finally:
+            dl.shutdown()
+        return epoch, states
+
+    def _restored(self, state: Any, service: Any) -> List[Any]:
+        dl = DataLoader2.from_state(state, service)
+        try:
+            return list(dl)
+        finally:
+            dl.shutdown()
+
+    def _check(self, context: str, max_items_between_captures: int) -> None:
+        service = functools.partial(self._service, context, max_items_between_captures)
+        epoch, states = self._states_at(list(self.POSITIONS.values()), service())
+        for where, k in self.POSITIONS.items():
+            changed = _partly_received(epoch[:k])[-1]  # the file the user is in
+            with open(changed, "rb") as f:
+                content, stat = f.read(), os.fstat(f.fileno())
+            with open(changed, "a") as f:
+                f.write("a line the uninterrupted run never read\n")
+            with self.assertRaises(ChangedFileError, msg=where) as raised:
+                self._restored(states[k], service())
+            self.assertIn(changed, str(raised.exception), where)
+            with open(changed, "wb") as f:  # as it was: the same size and modification time
+                f.write(content)
+            os.utime(changed, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        k = self.POSITIONS["mid_file"]
+        self.assertEqual(epoch[:k] + self._restored(states[k], service()), epoch, "unchanged: exact")
+
+    @parametrize("context", START_METHODS)
+    def test_the_file_the_user_is_in_is_checked_at_every_position(self, context: str) -> None:
+        self._check(context, max_items_between_captures=1000)
+
+    def test_the_file_opened_right_after_a_capture_of_every_item_is_checked(self) -> None:
+        """``max_items_between_captures=1``: the state before the first line of a file ends the
+        file before; the file itself is only in what the item after it opened."""
+        self._check(CONTEXT, max_items_between_captures=1)

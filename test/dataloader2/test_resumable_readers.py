@@ -7,17 +7,20 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import pickle
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import Any, List
 
 import pytest
+from torch.testing._internal.common_utils import TestCase
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 from torchdata.datapipes.iter import FileOpener, IterableWrapper
 
-from torchdata_snapshot._errors import ChangedFileError, StateCaptureError
+from torchdata_snapshot._errors import ChangedFileError, StateCaptureError, StateRestoreError
 from torchdata_snapshot._readers import READER_ADAPTERS, ResumableReader, StreamMaker
-from torchdata_snapshot._streams import describe, origin_of, rebuild
+from torchdata_snapshot._streams import check_opened, describe, origin_of, pack_opened, rebuild
 
 
 def adapted(dp: Any) -> Any:
@@ -106,3 +109,44 @@ def test_a_file_changed_since_the_state_is_refused_when_it_is_loaded(texts: List
 def test_openers_hold_nothing_at_a_yield_point(texts: List[str]) -> None:
     maker = opened(texts)
     assert isinstance(maker, StreamMaker) and not hasattr(maker, "state_dict")
+
+
+class TestOpenedFiles(TestCase):
+    """An opener notes the files it opens, with their size and modification time, until taken;
+    a packed record of them refuses a file that changed since, and a damaged record."""
+
+    def setUp(self) -> None:
+        directory = tempfile.TemporaryDirectory()
+        self.addCleanup(directory.cleanup)
+        self.paths = [os.path.join(directory.name, f"{i}.txt") for i in range(3)]
+        for i, path in enumerate(self.paths):
+            with open(path, "w") as f:
+                f.write(f"file {i}\n")
+
+    def test_an_opener_notes_each_file_it_opens_until_taken(self) -> None:
+        opener = opened(self.paths)
+        it = iter(opener)
+        next(it)
+        next(it)
+        self.assertEqual([o.path for o in opener.take_opened()], self.paths[:2])
+        self.assertEqual(opener.take_opened(), [])
+        next(it)
+        self.assertEqual([o.path for o in opener.take_opened()], self.paths[2:])
+
+    def test_a_record_of_opened_files_refuses_a_changed_one_naming_it(self) -> None:
+        opener = opened(self.paths)
+        list(opener)
+        record = pack_opened(opener.take_opened())
+        check_opened([record])  # nothing changed
+        with open(self.paths[1], "a") as f:
+            f.write("appended\n")
+        with self.assertRaisesRegex(ChangedFileError, f"{self.paths[1]} changed since"):
+            check_opened([record])
+        os.remove(self.paths[1])
+        with self.assertRaisesRegex(ChangedFileError, f"{self.paths[1]} .* is gone"):
+            check_opened([record])
+
+    def test_a_damaged_record_is_refused(self) -> None:
+        for damaged in (b"not a pickle", pickle.dumps(("a path",))):
+            with self.assertRaisesRegex(StateRestoreError, "files a checkpoint recorded cannot be read"):
+                check_opened([damaged])

@@ -4,13 +4,16 @@ small items that travel whole in their pickles and never for items holding share
 from __future__ import annotations
 
 import pickle
+from dataclasses import replace
+from typing import Tuple
 
 import pytest
+from torch.testing._internal.common_utils import TestCase
 
 from torchdata_snapshot._checkpoint import WorkerPosition
 from torchdata_snapshot._constants import SMALL_ITEMS_MAX_WINDOW
 from torchdata_snapshot._item_codec import ItemEncoder
-from torchdata_snapshot._messages import ItemsResponse
+from torchdata_snapshot._messages import ItemsResponse, StateMarkResponse
 from torchdata_snapshot._stream import Credit, QueuedItem, items_message, small_items_window
 from torchdata_snapshot._worker_stream import WorkerStream
 
@@ -21,6 +24,11 @@ def test_a_message_counts_the_items_holding_shared_memory() -> None:
     batch = [QueuedItem(1, pickle.dumps(i), None, shared=i % 2 == 0) for i in range(5)]
     message = items_message(batch)
     assert (message.epoch, message.count, message.shared) == (1, 5, 3)
+
+
+def test_a_message_names_the_items_whose_production_opened_files() -> None:
+    batch = [QueuedItem(1, pickle.dumps(i), opened=b"f%d" % i if i in (1, 4) else None) for i in range(5)]
+    assert items_message(batch).opened == ((1, b"f1"), (4, b"f4"))
 
 
 @pytest.mark.parametrize(
@@ -94,3 +102,42 @@ def test_items_carry_their_sharding_positions_into_the_users_positions() -> None
     assert stream.position(4).taken == 9, "pruning keeps what the user's position needs"
     stream.start(WorkerPosition(4, None, None, 9))  # a restored position
     assert stream.file(counted(12), epoch=0) and [stream.position(at).taken for at in (4, 5)] == [9, 12]
+
+
+class TestFilesOpenedAfterAState(TestCase):
+    """The main process keeps what each item's production opened from the kept state on: a
+    position names the files opened after the state it starts from, and nothing older."""
+
+    @staticmethod
+    def items(count: int, opened: Tuple[Tuple[int, bytes], ...] = ()) -> ItemsResponse:
+        return replace(ints(count), opened=opened)
+
+    @staticmethod
+    def state(position: int) -> StateMarkResponse:
+        return StateMarkResponse(0, position, b"state")
+
+    def test_a_position_names_the_files_opened_after_its_state(self) -> None:
+        stream = stream_after(
+            self.items(4, ((0, b"a"), (2, b"c"))), self.state(3), self.items(4, ((1, b"f"),))
+        )
+        self.assertEqual(stream.position(2).opened, (b"a",), "no state before 2: from the epoch's start")
+        self.assertEqual(stream.position(3).opened, (b"a", b"c"))
+        self.assertEqual(stream.position(5).opened, (), "the state at 3 names what came before it")
+        self.assertEqual(stream.position(6).opened, (b"f",))
+
+    def test_pruning_drops_only_what_no_later_position_needs(self) -> None:
+        stream = stream_after(
+            self.items(4, ((0, b"a"), (2, b"c"))), self.state(3), self.items(4, ((1, b"f"),))
+        )
+        stream.prune(3)
+        self.assertEqual(stream.position(3).opened, (b"a", b"c"), "still restored from the epoch's start")
+        stream.prune(4)
+        self.assertEqual(stream.position(6).opened, (b"f",))
+        self.assertEqual([blob for _, blob in stream._opened], [b"f"], "before the state at 3: dropped")
+
+    def test_a_restored_stream_starts_with_the_files_its_position_named(self) -> None:
+        stream = WorkerStream(0, None, window=21)  # type: ignore[arg-type]
+        stream.start(WorkerPosition(5, state=(3, b"state", None), opened=(b"d",)))
+        stream.file(self.items(2, ((1, b"g"),)), epoch=0)
+        self.assertEqual(stream.position(5).opened, (b"d",), "a checkpoint right after the restore")
+        self.assertEqual(stream.position(7).opened, (b"d", b"g"))
