@@ -634,3 +634,55 @@ def tensor_items(n: int = 40, numel: int = 8192) -> IterDataPipe:
     from functools import partial
 
     return IterableWrapper(range(n)).shuffle().sharding_filter().map(partial(tokens, numel))
+
+
+#: A structured dtype with 7 bytes of padding after its first field.
+ALIGNED = numpy.dtype([("a", "u1"), ("b", "f8")], align=True)
+
+
+def conj_imag_item(x: int) -> Dict[str, Any]:
+    """An item holding a view with the negative bit, one element and stride 2 (``is_contiguous()``
+    holds for a 1-element tensor whatever its stride, and its bytes cannot be viewed in place)."""
+    return {"i": x, "x": torch.tensor([complex(1, 2 + x)]).conj().imag}
+
+
+def _scribbled(dtype: Any, n: int) -> Any:
+    """An uninitialized array whose bytes are random: in particular its padding, which holds
+    whatever the memory held, different in every process and every run."""
+    out = numpy.empty(n, dtype)
+    out.view(numpy.uint8)[...] = numpy.frombuffer(os.urandom(out.nbytes), numpy.uint8).reshape(
+        out.view(numpy.uint8).shape
+    )
+    return out
+
+
+def padded_arrays(x: int, n: int = 5) -> Dict[str, Any]:
+    """Arrays of ``n`` elements with values from ``x`` and random padding: long doubles (6 of
+    x87's 16 bytes are padding), complex long doubles, an aligned structured dtype and a nested
+    one with subarray and long double fields, written as a ufunc or a field assignment writes them
+    (value bytes only)."""
+    long_double = numpy.divide(
+        numpy.arange(x, x + n, dtype=numpy.longdouble), 3, out=_scribbled(numpy.longdouble, n)
+    )
+    complex_long_double = numpy.multiply(
+        numpy.arange(x, x + n, dtype=numpy.clongdouble), 1 - 1j / 3, out=_scribbled(numpy.clongdouble, n)
+    )
+    aligned = _scribbled(ALIGNED, n)
+    aligned["a"], aligned["b"] = numpy.arange(x, x + n) % 256, numpy.arange(x, x + n) / 7
+    nested = _scribbled(
+        numpy.dtype([("s", ALIGNED), ("v", "u2", (3,)), ("g", numpy.longdouble, (2,))], align=True), n
+    )
+    nested["s"] = aligned
+    nested["v"] = numpy.arange(3 * n).reshape(n, 3) + x
+    nested["g"] = long_double[:, None] * numpy.array([1, -1], dtype=numpy.longdouble)
+    return {
+        "longdouble": long_double,
+        "clongdouble": complex_long_double,
+        "aligned": aligned,
+        "nested": nested,
+    }
+
+
+def padded_arrays_item(x: int) -> Dict[str, Any]:
+    """An item holding arrays with random padding (see ``padded_arrays``)."""
+    return {"i": x, **padded_arrays(x)}
