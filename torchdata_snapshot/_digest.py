@@ -92,7 +92,12 @@ def _feed(h: Any, obj: Any, depth: int) -> None:
 
 
 def _feed_int(h: Any, obj: int, depth: int) -> None:
-    h.update(b"i" + str(obj).encode())
+    try:
+        text = str(obj)
+    except ValueError:  # more digits than str() may make (sys.get_int_max_str_digits(): 4300)
+        h.update(b"I" + obj.to_bytes(obj.bit_length() // 8 + 1, "little", signed=True))
+    else:
+        h.update(b"i" + text.encode())
 
 
 def _feed_float(h: Any, obj: float, depth: int) -> None:

@@ -39,7 +39,7 @@ def samples() -> List[Any]:
     return [
         0, -7, 2**70, 1.5, float("nan"), "text", "", b"\x00bytes", bytearray(b"ba"), None, True, False,
         (1, "a"), [1, [2, [3]]], {"k": 1, "j": [2]}, {"apple", "pear", "plum"}, frozenset({"x", "y"}),
-        Point(1, 2), Record("r", [1, 2]),
+        Point(1, 2), Record("r", [1, 2]), {"big": 10**5000}, {"big": -(10**5000) - 1},  # past str()'s limit
         torch.arange(10), torch.zeros(2, 3, dtype=torch.bool), torch.arange(12.0).reshape(3, 4).t(),
         torch.ones(0), torch.tensor([1.5], dtype=torch.bfloat16),
         numpy.arange(6).reshape(2, 3), numpy.array(["a", "b"], dtype=object),
