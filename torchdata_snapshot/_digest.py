@@ -13,9 +13,11 @@ goes through ``item_digest``.
 The digest must be equal for equal items in *different processes* (so no ``id()``, no
 ``hash()`` of strings, which is salted per process, and no pickle of a shared-memory tensor,
 which names a file descriptor) and cheap for large items. Objects of unknown types contribute
-their ``__dict__`` (or only their type name), so a false alarm is impossible (as long as a
-DataPipe does not change an item after yielding it: the outbox thread digests it while the worker
-produces the next) and a missed divergence possible only for exotic items.
+their type name and ``__dict__`` (objects without one: the arguments and state they pickle with,
+or nothing more if they do not pickle), numpy scalars their value, so a false alarm is
+impossible (as long as a DataPipe does not change an item after yielding it: the outbox thread
+digests it while the worker produces the next) and a missed divergence possible only for exotic
+items.
 
 Tensors and arrays contribute a tag (their kind, dtype and shape) and their *values*, never their
 memory as such: the bytes of their elements in C order, at most ``SAMPLE_BYTES`` from each end.
@@ -84,11 +86,27 @@ def _feed(h: Any, obj: Any, depth: int) -> None:
         _feed_tensor(h, obj)
     elif _is_ndarray(obj):
         _feed_ndarray(h, obj)
+    elif _is_numpy_scalar(obj):  # np.float64(1.5): its value, as a 0-d array of its dtype
+        h.update(b"g")
+        _feed_ndarray(h, sys.modules["numpy"].asarray(obj))
     else:
         h.update(b"O" + type(obj).__qualname__.encode())
         state = getattr(obj, "__dict__", None)
         if isinstance(state, dict):
             _feed_dict(h, state, depth)
+        else:  # slots or a C type (datetime, Decimal, Fraction, an enum): what it pickles as
+            _feed_reduced(h, obj, depth)
+
+
+def _feed_reduced(h: Any, obj: Any, depth: int) -> None:
+    """The arguments and state ``obj`` pickles with (``__reduce_ex__``), for an object without a
+    ``__dict__``; nothing more if it does not pickle (a lock): its type name stands alone."""
+    try:
+        reduced = obj.__reduce_ex__(4)
+    except Exception:
+        return
+    if isinstance(reduced, tuple):  # (callable, args, state, ...): the callable is the type's
+        _feed_sequence(h, [part for part in reduced[1:] if not callable(part)], depth)
 
 
 def _feed_int(h: Any, obj: int, depth: int) -> None:
@@ -145,6 +163,11 @@ def _feed_set(h: Any, obj: Any, depth: int) -> None:
 def _is_tensor(obj: Any) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _is_numpy_scalar(obj: Any) -> bool:
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(obj, numpy.generic)
 
 
 def _is_ndarray(obj: Any) -> bool:

@@ -4,9 +4,17 @@ its conjugate or negative bits, or the padding bytes between and after its eleme
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import datetime
+import decimal
+import enum
+import fractions
 import os
+import pathlib
 import subprocess
 import sys
+import threading
 import unittest
 import warnings
 from collections import namedtuple
@@ -16,7 +24,7 @@ import numpy
 import pytest
 import torch
 from pipelines import ALIGNED, conj_imag_item, padded_arrays, padded_arrays_item, rs, take
-from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
+from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize
 from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
 
@@ -46,7 +54,44 @@ def samples() -> List[Any]:
         torch.tensor([1 + 2j]).conj().imag,  # 1 element, stride 2, negative bit
         *padded_arrays(7).values(),  # their padding is random: different in every process
         padded_arrays(3, n=2000)["nested"][::-3],  # sampled, strided
+        numpy.float64(1.5), numpy.float32(1.5), numpy.int64(7), numpy.longdouble(2.5),  # scalars
+        datetime.datetime(2026, 12, 2, 19, 0), decimal.Decimal("1.5"), fractions.Fraction(1, 3),
+        Slotted(1, "a"), Color.RED, pathlib.PurePosixPath("data", "shard0.txt"),  # no __dict__
     ]  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Slotted:
+    number: int
+    name: str
+
+
+class Color(enum.Enum):
+    RED = 1
+    GREEN = 2
+
+
+class TestObjectsWithoutADict(TestCase):
+    """Numpy scalars count by their value, objects without ``__dict__`` (slots, C types) by what
+    they pickle with: a change in either is a change of the digest, not only a change of type."""
+
+    def test_a_changed_value_changes_the_digest(self) -> None:
+        pairs = [
+            (numpy.float64(1.5), numpy.float64(2.5)),
+            (numpy.longdouble(1.5), numpy.longdouble(2.5)),
+            (datetime.datetime(2026, 1, 1), datetime.datetime(2026, 1, 2)),
+            (decimal.Decimal("1.5"), decimal.Decimal("1.6")),
+            (fractions.Fraction(1, 3), fractions.Fraction(2, 3)),
+            (Slotted(1, "a"), Slotted(1, "b")),
+            (Color.RED, Color.GREEN),
+            (pathlib.PurePosixPath("a"), pathlib.PurePosixPath("b")),
+        ]
+        for one, other in pairs:
+            self.assertNotEqual(item_digest(one), item_digest(other), one)
+            self.assertEqual(item_digest(one), item_digest(copy.deepcopy(one)), one)
+
+    def test_an_object_that_does_not_pickle_counts_by_its_type(self) -> None:
+        self.assertEqual(item_digest(threading.Lock()), item_digest(threading.Lock()))
 
 
 def test_digests_are_16_hex_digits_and_deterministic() -> None:
