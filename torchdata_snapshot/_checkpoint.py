@@ -15,10 +15,11 @@ Keys (``Checkpoint.to_plain()``)::
     version       FORMAT_VERSION (an int; other versions are refused with a clear error)
     num_workers   the number of workers the state was taken with
     fingerprint   digest of the pipeline's structure (see ``graph_fingerprint``)
-    arguments     per DataPipe (by ``datapipe_key``, e.g. "0:BatcherIterDataPipe"), its plain
-                  constructor arguments ({"batch_size": 4, "drop_last": false}; see
-                  ``_graph.datapipe_arguments``), or None (not recorded: a reading service
-                  that has not run)
+    arguments     per DataPipe (by ``datapipe_key``, e.g. "0:BatcherIterDataPipe"), the plain
+                  constructor arguments that determine its data, wherever it keeps them
+                  ({"batch_size": 4, "drop_last": false}; {"strip_newline": true, ...}; see
+                  NOTE [ Argument readings ] in ``_arguments``), or None (not recorded: a
+                  reading service that has not run)
     epoch         number of the epoch the state belongs to (-1 before the first)
     status        "idle" (no epoch started), "in_epoch", or "finished" (StopIteration reached the user)
     seed          SeedGenerator state at the start of the epoch (``seeds.seed_state``), or None
@@ -62,15 +63,15 @@ import json
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Literal, Optional, Tuple
+from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple
 
 from torchdata.dataloader2.graph import DataPipe, traverse_dps
 
+from torchdata_snapshot._arguments import Arguments, Reading, argument_changes, datapipe_arguments, reading_of
 from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
 from torchdata_snapshot._graph import (
     FUNCTION_ATTRIBUTES,
     NOT_PLAIN,
-    datapipe_arguments,
     describe_datapipe,
     function_name,
     graph_datapipes,
@@ -103,9 +104,6 @@ STATUSES: Tuple[Status, ...] = ("idle", "in_epoch", "finished")
 #: ``(position, blob, digest)``: the pickled state of a worker's graph right after its
 #: ``position``-th item, and the stream's running digest there (``None`` if unknown).
 GraphState = Tuple[int, bytes, Optional[str]]
-
-#: Per DataPipe of a graph, by ``datapipe_key``: its plain constructor arguments by name.
-Arguments = Dict[str, Dict[str, Any]]
 
 _DIGEST = re.compile(r"^[0-9a-f]{16}$")
 _KEYS = (
@@ -155,10 +153,13 @@ class WorkerPosition:
 class GraphIdentity:
     """Which pipeline a state belongs to: the ``fingerprint`` of its structure and the plain
     constructor ``arguments`` of its DataPipes (``None``: not recorded, as before a reading
-    service ran)."""
+    service ran). A pipeline's own identity also has the ``readings`` its arguments were read
+    with, by key, which read a checkpoint's record of them (NOTE [ Argument readings ]); a
+    state's has none, and they are not part of what identifies the pipeline."""
 
     fingerprint: str
     arguments: Optional[Arguments] = None
+    readings: Mapping[str, Reading] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -362,7 +363,7 @@ class Checkpoint:
                 f"{self.graph.fingerprint}, this one is {graph.fingerprint}): restore it with the "
                 "DataPipe graph it was taken with"
             )
-        changes = _argument_changes(self.graph.arguments, graph.arguments)
+        changes = argument_changes(self.graph.arguments, graph.arguments, graph.readings)
         if changes:
             raise IncompatibleCheckpointError(
                 f"the checkpoint was taken with other arguments of its DataPipes ({'; '.join(changes)}): "
@@ -486,33 +487,6 @@ def _arguments(value: Any) -> Optional[Arguments]:
     return value
 
 
-def _argument_changes(recorded: Optional[Arguments], current: Optional[Arguments]) -> List[str]:
-    """What differs between the arguments a state recorded and the graph's, one phrase each."""
-    if recorded is None or current is None:
-        return []
-    changes = []
-    for key in dict.fromkeys([*recorded, *current]):
-        if key not in recorded or key not in current:
-            where = "the checkpoint" if key in recorded else "this pipeline"
-            changes.append(f"DataPipe {key} is only in {where}")
-            continue
-        old, new = recorded[key], current[key]
-        for name in dict.fromkeys([*old, *new]):
-            if name not in old or name not in new or _canonical(old[name]) != _canonical(new[name]):
-                was, now = _shown(old, name), _shown(new, name)
-                changes.append(f"DataPipe {key}: {name} was {was} in the checkpoint, is {now} now")
-    return changes
-
-
-def _canonical(value: Any) -> str:
-    """A plain value as compared: JSON tells 1 from 1.0 and True, and NaN equals itself."""
-    return json.dumps(value, sort_keys=True)
-
-
-def _shown(arguments: Dict[str, Any], name: str) -> str:
-    return repr(arguments[name]) if name in arguments else "not recorded"
-
-
 def _checksum(state: Dict[str, Any]) -> str:
     content = {key: value for key, value in state.items() if key != "checksum"}
     h = hashlib.blake2b(digest_size=8)
@@ -537,13 +511,17 @@ def _describe_node(dp: DataPipe) -> str:
 
 
 def graph_identity(datapipe: DataPipe) -> GraphIdentity:
-    """The graph's fingerprint and arguments, as a state records them and a restore checks them."""
-    return GraphIdentity(graph_fingerprint(datapipe), graph_arguments(datapipe))
+    """The graph's fingerprint and arguments, as a state records them and a restore checks them,
+    and the readings of its arguments (NOTE [ Argument readings ])."""
+    graph = graph_datapipes(datapipe)
+    readings = {key: reading_of(dp) for key, dp in graph}
+    arguments = {key: readings[key].record(dp) for key, dp in graph}
+    return GraphIdentity(graph_fingerprint(datapipe), arguments, readings)
 
 
 def graph_arguments(datapipe: DataPipe) -> Arguments:
-    """The plain constructor arguments of every DataPipe of the graph (see
-    :func:`~torchdata_snapshot._graph.datapipe_arguments`), by ``datapipe_key``."""
+    """The constructor arguments of every DataPipe of the graph that determine its data (see
+    :func:`~torchdata_snapshot._arguments.datapipe_arguments`), by ``datapipe_key``."""
     return {key: datapipe_arguments(dp) for key, dp in graph_datapipes(datapipe)}
 
 

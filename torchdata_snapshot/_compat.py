@@ -56,6 +56,7 @@ __all__ = [
     "samples_yielded",
     "seed_engine_states",
     "shuffler_settings",
+    "text_reader_setting",
     "unbatch_dive",
     "webdataset_pathsplit",
 ]
@@ -101,6 +102,12 @@ def iterator_id(dp: DataPipe) -> Optional[int]:
 def shuffler_settings(dp: ShufflerIterDataPipe) -> Tuple[bool, Optional[int]]:
     """``(enabled, seed for the next iteration)`` of an upstream ``Shuffler``."""
     return dp._enabled, dp._seed
+
+
+def text_reader_setting(dp: DataPipe, name: str) -> Any:
+    """Constructor argument ``name`` (``strip_newline``, ``encoding``, ...) of upstream's
+    ``LineReader``, ``CSVParser`` or ``CSVDictParser``: they keep them in a private helper."""
+    return getattr(dp._helper, f"_{name}")
 
 
 #: Upstream ``UnBatcher``'s expansion of one element, borrowed as a method by a class with an

@@ -1,27 +1,23 @@
-r"""Helpers over a DataPipe graph: its DataPipes with stable keys, their yield counts,
-``state_dict()``\ s and constructor arguments, pausing the ones with threads, naming them in
-messages."""
+r"""Helpers over a DataPipe graph: its DataPipes with stable keys, their yield counts and
+``state_dict()``\ s, pausing the ones with threads, naming them and their functions in messages,
+plain data (what ``_arguments`` records of their constructor arguments)."""
 
 from __future__ import annotations
 
-import functools
-import inspect
 import json
 import pickle
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from torchdata.dataloader2.graph import DataPipe, list_dps, traverse_dps
-from torchdata.datapipes.iter import FullSync, Prefetcher
 
-from torchdata_snapshot._compat import RandomSplitterIterDataPipe, prefetcher_in_progress, samples_yielded
-from torchdata_snapshot._constants import ARGUMENT_MAX_CHARS, PREFETCHER_PAUSE_CHECK_S
+from torchdata_snapshot._compat import prefetcher_in_progress, samples_yielded
+from torchdata_snapshot._constants import PREFETCHER_PAUSE_CHECK_S
 from torchdata_snapshot._errors import StateCaptureError
 
 __all__ = [
     "FUNCTION_ATTRIBUTES",
     "NOT_PLAIN",
-    "datapipe_arguments",
     "datapipe_key",
     "datapipe_state_dicts",
     "datapipe_yields",
@@ -94,16 +90,6 @@ def describe_datapipe(datapipe: DataPipe) -> str:
 #: The attributes in which torch's DataPipes keep the function they apply (``map``, ``filter``).
 FUNCTION_ATTRIBUTES = ("fn", "filter_fn")
 
-#: Attributes named like a constructor parameter that :func:`datapipe_arguments` leaves out: they
-#: change when items come, never which (how far a prefetcher reads ahead, how long ``fullsync``
-#: waits), or do not hold the argument given (``random_split``'s ``weights`` are those left in the
-#: epoch: they change as it draws).
-_NOT_ARGUMENTS: Tuple[Tuple[type, str], ...] = (
-    (Prefetcher, "buffer_size"),
-    (FullSync, "timeout"),
-    (RandomSplitterIterDataPipe, "weights"),
-)
-
 _SCALARS = (type(None), bool, int, float, str)
 
 #: What :func:`plain_data` returns for a value that is not plain data (``None`` is).
@@ -113,57 +99,6 @@ NOT_PLAIN = object()
 def function_name(fn: Callable[..., Any]) -> str:
     """``module.qualname`` of a function, as fingerprints and messages name it."""
     return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
-
-
-def datapipe_arguments(datapipe: DataPipe) -> Dict[str, Any]:
-    """The DataPipe's plain constructor arguments, by name: what a checkpoint compares with the
-    pipeline it is restored on (besides the graph's structure).
-
-    An argument is an attribute of the instance named like a parameter of its class's
-    constructor (the rule torch's own error messages use to show a DataPipe's arguments), except
-    the first parameter: the DataPipe's input (the DataPipe the functional form ``dp.batch(4)``
-    passes, or the iterable a source such as ``IterableWrapper`` wraps), which is data, not a
-    setting. It counts when its value is plain data (``None``, bools, ints, floats, strings, and
-    lists, tuples and string-keyed dicts of those; tuples become lists) of at most
-    ``ARGUMENT_MAX_CHARS`` as JSON. A ``functools.partial`` (in ``fn``, say) counts as its
-    function's name (``fn``) and its plain arguments (``fn.args[0]``, ``fn.scale``).
-
-    What changes while the graph runs does not count: private attributes (buffers, RNGs, seeds,
-    iterator ids), attributes no parameter is named after (the sharding filter's instance, which
-    sharding sets), and ``_NOT_ARGUMENTS``. Nothing depends on addresses or set order: the result
-    is the same in every process that builds the same pipeline.
-    """
-    state = getattr(datapipe, "__dict__", {})
-    arguments: Dict[str, Any] = {}
-    for name in dict.fromkeys([*_parameters(type(datapipe)), *FUNCTION_ATTRIBUTES]):
-        if name.startswith("_") or name not in state or _not_argument(datapipe, name):
-            continue
-        value = state[name]
-        if isinstance(value, functools.partial):
-            arguments[name] = function_name(value.func)
-            parts = [(f"{name}.args[{i}]", v) for i, v in enumerate(value.args)]
-            parts += [(f"{name}.{keyword}", v) for keyword, v in value.keywords.items()]
-        else:
-            parts = [(name, value)]
-        for key, part in parts:
-            plain = plain_data(part, ARGUMENT_MAX_CHARS)
-            if plain is not NOT_PLAIN:
-                arguments[key] = plain
-    return arguments
-
-
-def _parameters(cls: type) -> List[str]:
-    """The names of ``cls``'s constructor parameters after the first (its input)."""
-    try:
-        parameters = list(inspect.signature(cls).parameters.values())
-    except (TypeError, ValueError):  # no signature to read (a class implemented in C)
-        return []
-    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    return [p.name for p in parameters[1:] if p.kind not in variadic]
-
-
-def _not_argument(datapipe: DataPipe, name: str) -> bool:
-    return any(isinstance(datapipe, cls) and name == attribute for cls, attribute in _NOT_ARGUMENTS)
 
 
 def plain_data(value: Any, max_chars: int) -> Any:

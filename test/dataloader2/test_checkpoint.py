@@ -296,7 +296,13 @@ COMMON: Dict[str, Any] = {
     ),
     "groupby": (
         lambda: source().groupby(double, group_size=2, guaranteed_group_size=2),
-        {"keep_key": False, "group_size": 2, "guaranteed_group_size": 2, "drop_remaining": False},
+        {
+            "keep_key": False,
+            "group_size": 2,
+            "guaranteed_group_size": 2,
+            "drop_remaining": False,
+            "buffer_size": 10000,  # kept as max_buffer_size
+        },
     ),
 }
 
@@ -318,7 +324,14 @@ def test_the_arguments_are_the_plain_constructor_arguments(name: str) -> None:
 def test_the_arguments_of_files_and_lines(text_file: str) -> None:
     lines = FileOpener(IterableWrapper([text_file]), mode="r").readlines(strip_newline=False)
     assert list(graph_arguments(lines).values()) == [
-        {},  # readlines() keeps no argument it was given
+        {  # kept in a helper object
+            "strip_newline": False,
+            "skip_lines": 0,
+            "decode": False,
+            "encoding": "utf-8",
+            "errors": "ignore",
+            "return_path": True,
+        },
         {"mode": "r", "encoding": None, "length": -1},
         {"deepcopy": True},  # the file names are its data
     ]
