@@ -12,19 +12,24 @@ Most DataPipes keep each argument in an attribute named like its parameter
 (``batch(4)``: ``dp.batch_size``): the *attribute rule* reads those. Some keep them elsewhere
 (``LineReader`` in a private helper object, ``groupby`` its buffer size as ``max_buffer_size``),
 or in a form that is not plain data (a set of indices, an enum, a function), or take arguments
-that change only timing (a prefetcher's buffer). :data:`READINGS` says, by exact type (a
-subclass may mean something else by the same names), how to read such a type: the arguments the
-attribute rule cannot see (``read``) and the arguments left out (``ignored``). Every other type
-is read by the attribute rule alone.
+that change only timing (a prefetcher's buffer, a timeout) or ``len()`` (a nominal ``length``),
+or accept several spellings of one setting (``open_files(mode="r")`` and ``"rt"``).
+:data:`READINGS` says, by exact type (a subclass may mean something else by the same names),
+how to read such a type: the arguments the attribute rule cannot see (``read``), the form each
+argument is compared in (``forms``: equivalent spellings become one value) and the arguments
+left out (``ignored``). Every other type is read by the attribute rule alone.
 
-A restore reads the checkpoint's record with the reading of the DataPipe now at that key (the
-fingerprint, compared first, says that it has the same type). That also reads records written
-before a reading existed: an argument of ``read`` they lack (the attribute rule could not see
-it) is not a difference: the checkpoint cannot say what it was.
+A record is the compared form, so a restore normalises only the checkpoint's side, with the
+reading of the DataPipe now at that key (the fingerprint, compared first, says that it has the
+same type). That also reads records written before a reading existed: their values take the
+compared form (``"r"`` becomes ``"rt"``, a nominal ``length`` is dropped), and an argument of
+``read`` they lack (the attribute rule could not see it) is not a difference: the checkpoint
+cannot say what it was.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import enum
 import functools
@@ -35,20 +40,33 @@ from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional
 
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.datapipes.iter import (
+    Bz2FileLoader,
     CSVDictParser,
     CSVParser,
     Decompressor,
     Dropper,
+    FileLister,
+    FileOpener,
     Flattener,
+    FSSpecFileLister,
+    FSSpecFileOpener,
     FullSync,
+    GDriveReader,
     Grouper,
+    HttpReader,
     JsonParser,
     LineReader,
+    OnlineReader,
     ParagraphAggregator,
     Prefetcher,
     RoutedDecoder,
     SampleMultiplexer,
     ShardingFilter,
+    StreamReader,
+    TarArchiveLoader,
+    ThreadPoolMapper,
+    XzFileLoader,
+    ZipArchiveLoader,
 )
 
 from torchdata_snapshot._compat import RandomSplitterIterDataPipe, text_reader_setting
@@ -78,11 +96,14 @@ class Reading:
     #: The arguments the attribute rule cannot see, by name: how to read each from the DataPipe
     #: (a value that is not plain data is not recorded). A record written before lacks them.
     read: Mapping[str, Read] = field(default_factory=dict)
+    #: Per argument, its compared form: equivalent spellings of a setting become one value. A
+    #: form takes any plain value (a checkpoint's too) and returns the others as they are.
+    forms: Mapping[str, Callable[[Any], Any]] = field(default_factory=dict)
     #: Arguments that never change which items come: neither recorded nor compared.
     ignored: FrozenSet[str] = frozenset()
 
     def record(self, datapipe: DataPipe) -> Dict[str, Any]:
-        """The DataPipe's arguments, by name, as compared. One of ``read`` that the
+        """The DataPipe's arguments, by name, in their compared form. One of ``read`` that the
         DataPipe does not have (an upstream release that keeps it elsewhere) is not recorded."""
         values = _attribute_values(datapipe)
         for name, read in self.read.items():
@@ -93,12 +114,12 @@ class Reading:
         return self.compared(values)
 
     def compared(self, arguments: Mapping[str, Any]) -> Dict[str, Any]:
-        """``arguments`` (read now, or recorded by a checkpoint) as compared: plain data, not ignored."""
+        """``arguments`` (read now, or recorded by a checkpoint) in their compared form."""
         compared = {}
         for name, value in arguments.items():
             if name in self.ignored:
                 continue
-            plain = plain_data(value, ARGUMENT_MAX_CHARS)
+            plain = plain_data(self.forms.get(name, _same)(value), ARGUMENT_MAX_CHARS)
             if plain is not NOT_PLAIN:
                 compared[name] = plain
         return compared
@@ -271,16 +292,73 @@ def _json_settings() -> Dict[str, Read]:
     return {f"kwargs.{name}": functools.partial(_json_loads, name) for name in _JSON_LOADS}
 
 
+# --- forms ----------------------------------------------------------------------------------
+
+
+def _file_mode(mode: Any) -> Any:
+    """``open()``'s reading modes as ``FileOpener`` takes them: ``"r"`` and ``"t"`` are ``"rt"``,
+    ``"b"`` is ``"rb"`` (upstream prefixes the last two with ``"r"``)."""
+    return {"r": "rt", "t": "rt", "b": "rb"}.get(mode, mode) if isinstance(mode, str) else mode
+
+
+def _fsspec_mode(mode: Any) -> Any:
+    """fsspec opens ``"r"`` as text, like ``"rt"``; its ``"t"`` and ``"b"`` are not reading modes."""
+    return "rt" if mode == "r" else mode
+
+
+def _encoding(encoding: Any) -> Any:
+    """A codec by its canonical name (``"UTF8"`` and ``"utf_8"`` are ``"utf-8"``). ``None`` stays:
+    it is the locale's encoding, whatever that is where the pipeline runs."""
+    if not isinstance(encoding, str):
+        return encoding
+    try:
+        return codecs.lookup(encoding).name
+    except LookupError:
+        return encoding
+
+
+def _masks(masks: Any) -> Any:
+    """File name masks as the listers match them: any of them matches, so their order and
+    repeats do not count; one mask is a list of one, and no mask (``""``) matches every name,
+    as ``[]`` does."""
+    if isinstance(masks, str):
+        return [masks] if masks else []
+    if isinstance(masks, (list, tuple)) and all(isinstance(mask, str) for mask in masks):
+        return sorted(set(masks))
+    return masks
+
+
+def _chunk(chunk: Any) -> Any:
+    """``read(None)`` and ``read(-n)`` read a stream whole."""
+    return None if isinstance(chunk, int) and not isinstance(chunk, bool) and chunk < 0 else chunk
+
+
+_LENGTH = frozenset({"length"})  # a nominal length: what len() says, not what comes
+
 _TEXT = ("skip_lines", "decode", "encoding", "errors", "return_path")
 
 #: How the checkpoint reads the arguments of each DataPipe type that the attribute rule alone
 #: misreads (NOTE [ Argument readings ]), by exact type.
 READINGS: Dict[type, Reading] = {
+    # files: listers, openers, archives
+    FileLister: Reading(forms={"masks": _masks}, ignored=_LENGTH),
+    FileOpener: Reading(forms={"mode": _file_mode, "encoding": _encoding}, ignored=_LENGTH),
+    FSSpecFileLister: Reading(forms={"masks": _masks}),  # its connection options (credentials) are not read
+    FSSpecFileOpener: Reading(forms={"mode": _fsspec_mode}),
+    TarArchiveLoader: Reading(ignored=_LENGTH),  # "r" is not "r:*": it cannot read a stream
+    ZipArchiveLoader: Reading(ignored=_LENGTH),
+    XzFileLoader: Reading(ignored=_LENGTH),
+    Bz2FileLoader: Reading(ignored=_LENGTH),
     Decompressor: Reading(read={"file_type": _attribute("file_type", _enum_value)}),
+    StreamReader: Reading(forms={"chunk": _chunk}),
     # parsers
-    LineReader: Reading(read=_text_settings("strip_newline", *_TEXT)),
-    CSVParser: Reading(read={**_text_settings("as_tuple", *_TEXT), **_csv_settings()}),
-    CSVDictParser: Reading(read={**_text_settings(*_TEXT), **_csv_settings(*_DICT_READER)}),
+    LineReader: Reading(read=_text_settings("strip_newline", *_TEXT), forms={"encoding": _encoding}),
+    CSVParser: Reading(
+        read={**_text_settings("as_tuple", *_TEXT), **_csv_settings()}, forms={"encoding": _encoding}
+    ),
+    CSVDictParser: Reading(
+        read={**_text_settings(*_TEXT), **_csv_settings(*_DICT_READER)}, forms={"encoding": _encoding}
+    ),
     JsonParser: Reading(read=_json_settings()),
     ParagraphAggregator: Reading(read={"joiner": _attribute("joiner", _called)}),
     RoutedDecoder: Reading(read={"handlers": _decoder_handlers, "key_fn": _decoder_key_fn}),
@@ -291,9 +369,13 @@ READINGS: Dict[type, Reading] = {
     SampleMultiplexer: Reading(read={"weights": _multiplexer_weights}),
     RandomSplitterIterDataPipe: Reading(read={"weights": _splitter_weights}),
     ShardingFilter: Reading(read={"sharding_group_filter": _attribute("sharding_group_filter", _enum_name)}),
-    # arguments that change only when items come
+    # arguments that change only when items come (they come in order)
     Prefetcher: Reading(ignored=frozenset({"buffer_size"})),
     FullSync: Reading(ignored=frozenset({"timeout"})),
+    ThreadPoolMapper: Reading(ignored=frozenset({"scheduled_tasks", "max_workers"})),
+    HttpReader: Reading(ignored=frozenset({"timeout"})),
+    GDriveReader: Reading(ignored=frozenset({"timeout"})),
+    OnlineReader: Reading(ignored=frozenset({"timeout"})),
 }
 
 #: The reading of every other type: the attribute rule.
@@ -306,8 +388,8 @@ def reading_of(datapipe: DataPipe) -> Reading:
 
 
 def datapipe_arguments(datapipe: DataPipe) -> Dict[str, Any]:
-    """The DataPipe's constructor arguments that determine its data, by name: what a checkpoint
-    compares with the pipeline it is restored on (besides the graph's
+    """The DataPipe's constructor arguments that determine its data, by name, in their compared
+    form: what a checkpoint compares with the pipeline it is restored on (besides the graph's
     structure). An argument counts when its value is plain data (``None``, bools, ints, floats,
     strings, and lists, tuples and string-keyed dicts of those; tuples become lists) of at most
     ``ARGUMENT_MAX_CHARS`` as JSON. Nothing depends on addresses or set order: the result is the

@@ -16,10 +16,10 @@ Keys (``Checkpoint.to_plain()``)::
     num_workers   the number of workers the state was taken with
     fingerprint   digest of the pipeline's structure (see ``graph_fingerprint``)
     arguments     per DataPipe (by ``datapipe_key``, e.g. "0:BatcherIterDataPipe"), the plain
-                  constructor arguments that determine its data, wherever it keeps them
-                  ({"batch_size": 4, "drop_last": false}; {"strip_newline": true, ...}; see
-                  NOTE [ Argument readings ] in ``_arguments``), or None (not recorded: a
-                  reading service that has not run)
+                  constructor arguments that determine its data, wherever it keeps them, in
+                  their compared form ({"batch_size": 4, "drop_last": false}; {"mode": "rt",
+                  "encoding": null}; see NOTE [ Argument readings ] in ``_arguments``), or None
+                  (not recorded: a reading service that has not run)
     epoch         number of the epoch the state belongs to (-1 before the first)
     status        "idle" (no epoch started), "in_epoch", or "finished" (StopIteration reached the user)
     seed          SeedGenerator state at the start of the epoch (``seeds.seed_state``), or None

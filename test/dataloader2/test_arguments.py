@@ -1,7 +1,7 @@
 """The constructor arguments a checkpoint records (``_arguments``): for every reader, parser,
 opener and lister DataPipe (and the others that keep their arguments under other names), an
 argument that changes the data is refused naming the DataPipe and the argument, before any worker
-starts."""
+starts; the spellings of one setting that give the same data restore."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import warnings
 from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
+from conftest import START_METHODS
 from pipelines import moved_onto, rs, take
 from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
@@ -138,7 +139,7 @@ CHANGES: Dict[str, Tuple[str, Dict[str, Any], Dict[str, Any], str]] = {
         "FileLister",
         {"masks": "*.txt"},
         {"masks": ["*.txt", "*.csv"]},
-        "DataPipe 0:FileListerIterDataPipe: masks was '*.txt' in the checkpoint, is ['*.txt', '*.csv'] now",
+        "DataPipe 0:FileListerIterDataPipe: masks was ['*.txt'] in the checkpoint, is ['*.csv', '*.txt'] now",
     ),
     "FileLister_recursive": ("FileLister", {}, {"recursive": True}, "recursive was False in the checkpoint"),
     "FileLister_order": ("FileLister", {}, {"non_deterministic": True}, "non_deterministic was False"),
@@ -146,7 +147,7 @@ CHANGES: Dict[str, Tuple[str, Dict[str, Any], Dict[str, Any], str]] = {
         "FileOpener",
         {"mode": "r"},
         {"mode": "b"},
-        "DataPipe 0:FileOpenerIterDataPipe: mode was 'r' in the checkpoint, is 'b' now",
+        "DataPipe 0:FileOpenerIterDataPipe: mode was 'rt' in the checkpoint, is 'rb' now",
     ),
     "FileOpener_encoding": (  # None is the locale's encoding, not "utf-8"
         "FileOpener",
@@ -158,13 +159,13 @@ CHANGES: Dict[str, Tuple[str, Dict[str, Any], Dict[str, Any], str]] = {
         "FSSpecFileLister",
         {"masks": "*.txt"},
         {"masks": "*.csv"},
-        "masks was '*.txt'",
+        "masks was ['*.txt']",
     ),
     "FSSpecFileOpener_mode": (
         "FSSpecFileOpener",
         {"mode": "r"},
         {"mode": "rb"},
-        "mode was 'r' in the checkpoint",
+        "mode was 'rt' in the checkpoint",
     ),
     "LineReader_strip_newline": (
         "LineReader",
@@ -188,7 +189,7 @@ CHANGES: Dict[str, Tuple[str, Dict[str, Any], Dict[str, Any], str]] = {
         "LineReader",
         {"decode": True},
         {"decode": True, "encoding": "latin-1"},
-        "encoding was 'utf-8' in the checkpoint, is 'latin-1' now",
+        "encoding was 'utf-8' in the checkpoint, is 'iso8859-1' now",
     ),
     "LineReader_errors": ("LineReader", {}, {"errors": "strict"}, "errors was 'ignore' in the checkpoint"),
     "LineReader_return_path": (
@@ -309,8 +310,21 @@ CHANGES: Dict[str, Tuple[str, Dict[str, Any], Dict[str, Any], str]] = {
 
 #: A DataPipe and two spellings of its arguments that give the same data.
 EQUIVALENTS: Dict[str, Tuple[str, Dict[str, Any], Dict[str, Any]]] = {
+    "FileOpener_r_rt": ("FileOpener", {"mode": "r"}, {"mode": "rt"}),
+    "FileOpener_t_rt": ("FileOpener", {"mode": "t"}, {"mode": "rt"}),
+    "FileOpener_b_rb": ("FileOpener", {"mode": "b"}, {"mode": "rb"}),
+    "FileOpener_default_mode": ("FileOpener", {}, {"mode": "rt"}),
+    "FileOpener_encoding_name": ("FileOpener", {"encoding": "utf-8"}, {"encoding": "UTF8"}),
+    "FileOpener_length": ("FileOpener", {}, {"length": 12}),
+    "FileLister_one_mask": ("FileLister", {"masks": "*.txt"}, {"masks": ["*.txt"]}),
+    "FileLister_mask_order": ("FileLister", {"masks": ["*.a", "*.b"]}, {"masks": ("*.b", "*.a", "*.b")}),
+    "FileLister_no_mask": ("FileLister", {}, {"masks": []}),
     "FileLister_one_root": ("FileLister", {"root": "data"}, {"root": ["data"]}),
+    "FileLister_length": ("FileLister", {"length": 3}, {}),
+    "FSSpecFileLister_one_mask": ("FSSpecFileLister", {"masks": "*.txt"}, {"masks": ["*.txt"]}),
+    "FSSpecFileOpener_r_rt": ("FSSpecFileOpener", {"mode": "r"}, {"mode": "rt"}),
     "LineReader_defaults": ("LineReader", {}, {"strip_newline": True, "skip_lines": 0, "errors": "ignore"}),
+    "LineReader_encoding_name": ("LineReader", {"encoding": "utf-8"}, {"encoding": "utf_8"}),
     "CSVParser_defaults": (
         "CSVParser",
         {},
@@ -321,8 +335,13 @@ EQUIVALENTS: Dict[str, Tuple[str, Dict[str, Any], Dict[str, Any]]] = {
     "CSVDictParser_defaults": ("CSVDictParser", {}, {"fieldnames": None, "restval": None, "delimiter": ","}),
     "CSVDictParser_fieldnames": ("CSVDictParser", {"fieldnames": ["a", "b"]}, {"fieldnames": ("a", "b")}),
     "JsonParser_defaults": ("JsonParser", {}, {"strict": True, "parse_float": None, "cls": None}),
+    "StreamReader_whole": ("StreamReader", {}, {"chunk": -1}),
     "Decompressor_enum": ("Decompressor", {"file_type": "gzip"}, {"file_type": CompressionType.GZIP}),
     "Decompressor_case": ("Decompressor", {"file_type": "GZIP"}, {"file_type": "gzip"}),
+    "TarArchiveLoader_length": ("TarArchiveLoader", {"mode": "r:*"}, {"length": 4}),
+    "ZipArchiveLoader_length": ("ZipArchiveLoader", {}, {"length": 4}),
+    "XzFileLoader_length": ("XzFileLoader", {}, {"length": 4}),
+    "Bz2FileLoader_length": ("Bz2FileLoader", {}, {"length": 4}),
     "RoutedDecoder_defaults": (
         "RoutedDecoder",
         {},
@@ -334,6 +353,8 @@ EQUIVALENTS: Dict[str, Tuple[str, Dict[str, Any], Dict[str, Any]]] = {
     "Grouper_guaranteed_size": ("Grouper", {"group_size": 2}, {"group_size": 2, "guaranteed_group_size": 2}),
     "SampleMultiplexer_scaled": ("SampleMultiplexer", {"weights": (1, 3)}, {"weights": (2, 6)}),
     "RandomSplitter_scaled": ("RandomSplitter", {"weights": {"a": 1, "b": 3}}, {"weights": {"a": 2, "b": 6}}),
+    "ThreadPoolMapper_threads": ("ThreadPoolMapper", {}, {"max_workers": 2, "scheduled_tasks": 4}),
+    "HttpReader_timeout": ("HttpReader", {}, {"timeout": 5}),
 }
 
 
@@ -370,7 +391,7 @@ class TestReaderArguments(TestCase):
             taken_then_checked(taken, FileOpener(paths(), mode="r").readlines(strip_newline=False))
         self.assertExpectedInline(
             str(raised.exception),
-            """the checkpoint was taken with other arguments of its DataPipes (DataPipe 0:LineReaderIterDataPipe: strip_newline was True in the checkpoint, is False now; DataPipe 0:LineReaderIterDataPipe: decode was True in the checkpoint, is False now; DataPipe 1:FileOpenerIterDataPipe: mode was 'b' in the checkpoint, is 'r' now): restore it with the arguments it was taken with""",  # noqa: E501
+            """the checkpoint was taken with other arguments of its DataPipes (DataPipe 0:LineReaderIterDataPipe: strip_newline was True in the checkpoint, is False now; DataPipe 0:LineReaderIterDataPipe: decode was True in the checkpoint, is False now; DataPipe 1:FileOpenerIterDataPipe: mode was 'rb' in the checkpoint, is 'rt' now): restore it with the arguments it was taken with""",  # noqa: E501
         )
 
     def test_the_whole_refusal_of_changed_csv_format_parameters(self) -> None:
@@ -388,6 +409,11 @@ class TestReaderArguments(TestCase):
         name, _, new, _ = CHANGES[case]
         datapipe = BUILD[name](**new)
         self.assertEqual(graph_arguments(pickle.loads(pickle.dumps(datapipe))), graph_arguments(datapipe))
+
+    @parametrize("name", ["XzFileLoader", "Bz2FileLoader", "ZipArchiveLoader", "WebDataset"])
+    def test_a_reader_whose_arguments_do_not_change_the_data_records_none(self, name: str) -> None:
+        datapipe = BUILD[name](**({} if name == "WebDataset" else {"length": 5}))
+        self.assertEqual(graph_arguments(datapipe)[f"0:{type(datapipe).__name__}"], {})
 
 
 #: A pipeline of readers, and the arguments the checkpoints of the format's first release
@@ -421,7 +447,8 @@ def readers(mode: str = "r", length: int = -1, strip_newline: bool = True) -> An
 
 class TestEarlierRecords(TestCase):
     """A checkpoint whose arguments were recorded before the readers' arguments were read as
-    they are now still restores: an argument it could not record is not a difference."""
+    they are now still restores: its values are compared in today's form, and an argument it
+    could not record is not a difference."""
 
     def _check(self, datapipe: Any) -> None:
         graph = GraphIdentity(graph_fingerprint(datapipe), EARLIER_RECORD)
@@ -430,6 +457,14 @@ class TestEarlierRecords(TestCase):
 
     def test_the_pipeline_it_was_taken_with_restores(self) -> None:
         self._check(readers())
+
+    def test_values_are_compared_in_todays_form(self) -> None:
+        self._check(readers(mode="rt", length=10))
+        with self.assertRaisesRegex(
+            IncompatibleCheckpointError,
+            r"3:FileOpenerIterDataPipe: mode was 'rt' in the checkpoint, is 'rb' now",
+        ):
+            self._check(readers(mode="b"))
 
     def test_an_argument_it_could_not_record_is_not_a_difference(self) -> None:
         self._check(readers(strip_newline=False))  # the record cannot say: the replay's digest will
@@ -444,7 +479,7 @@ def _write_files(root: str) -> None:
 @instantiate_parametrized_tests
 class TestArgumentsOfARestore(TestCase):
     """Through ``DataLoader2.from_state`` with two workers: a reader's changed argument is refused
-    before any worker starts."""
+    before any worker starts, an equivalent spelling resumes exactly."""
 
     @pytest.fixture(autouse=True)
     def _loaders(self, make_dl: Any) -> None:
@@ -478,3 +513,16 @@ class TestArgumentsOfARestore(TestCase):
             str(raised.exception),
         )
         self.assertEqual(set(multiprocessing.active_children()), children, "no worker started")
+
+    @parametrize("context", START_METHODS)
+    def test_another_spelling_of_the_open_mode_resumes_exactly(self, context: str) -> None:
+        dl = self.make_dl(self._pipeline(mode="rt"), rs(2, multiprocessing_context=context))
+        it = iter(dl)
+        take(it, 7)
+        state = dl.state_dict()
+        rest = list(it)
+        self.assertEqual(len(rest), 60 - 7)
+        restored = self._restored(
+            moved_onto(state, self._pipeline(mode="r")), rs(2, multiprocessing_context=context)
+        )
+        self.assertEqual(restored, rest)

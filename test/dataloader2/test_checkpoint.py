@@ -332,7 +332,7 @@ def test_the_arguments_of_files_and_lines(text_file: str) -> None:
             "errors": "ignore",
             "return_path": True,
         },
-        {"mode": "r", "encoding": None, "length": -1},
+        {"mode": "rt", "encoding": None},  # "r" is "rt"; the nominal length is not the data
         {"deepcopy": True},  # the file names are its data
     ]
 
