@@ -337,6 +337,30 @@ def test_the_arguments_of_files_and_lines(text_file: str) -> None:
     ]
 
 
+def test_a_record_is_read_with_the_readings_of_the_pipeline_restored_onto(text_file: str) -> None:
+    """A state of the current format recorded the opener's arguments as given (and the reader's
+    not at all): it fits the pipeline it was taken with and its other spellings, not another mode."""
+    earlier = {
+        "0:LineReaderIterDataPipe": {},
+        "1:FileOpenerIterDataPipe": {"mode": "r", "encoding": None, "length": -1},
+        "2:IterableWrapperIterDataPipe": {"deepcopy": True},
+    }
+
+    def lines(mode: str) -> Any:
+        return FileOpener(IterableWrapper([text_file]), mode=mode, length=3).readlines()
+
+    state = Checkpoint.from_plain(
+        example(graph=GraphIdentity(graph_fingerprint(lines("r")), earlier)).to_plain()
+    )
+    state.check_fits(2, graph_identity(lines("r")), (2, 0))
+    state.check_fits(2, graph_identity(lines("rt")), (2, 0))
+    with pytest.raises(
+        IncompatibleCheckpointError,
+        match="1:FileOpenerIterDataPipe: mode was 'rt' in the checkpoint, is 'rb'",
+    ):
+        state.check_fits(2, graph_identity(lines("b")), (2, 0))
+
+
 @pytest.mark.parametrize("name", sorted(COMMON))
 def test_the_arguments_do_not_change_as_the_graph_runs_or_travels(name: str) -> None:
     datapipe = COMMON[name][0]()

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import os
 import pickle
+import tempfile
 from typing import Any, Callable
 
 import pytest
+from conftest import START_METHODS
 from digest_items import conj_imag_item, padded_arrays_item, same_values
 from pipelines import (
     ChangesOnceMarked,
@@ -25,8 +28,9 @@ from pipelines import (
     tiny,
     unseeded_noise,
 )
+from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize
 from torchdata.dataloader2 import DataLoader2
-from torchdata.datapipes.iter import IterableWrapper
+from torchdata.datapipes.iter import FileLister, IterableWrapper
 
 from torchdata_snapshot import (
     BatchingOptions,
@@ -202,6 +206,59 @@ def test_arguments_that_change_only_timing_may_change(make_dl: Any) -> None:
     take(it, 5)
     state = dl.state_dict()
     assert list(restored(make_dl, moved_onto(state, build(7)))) == list(it)
+
+
+def _write_lines(root: str) -> None:
+    for shard in range(3):
+        with open(os.path.join(root, f"shard{shard}.txt"), "w") as f:
+            f.writelines(f"line {i} of shard {shard}\n" for i in range(20))
+
+
+@instantiate_parametrized_tests
+class TestReaderArgumentsOfARestore(TestCase):
+    """A reader's argument that changes the data is refused before any worker starts (not left to
+    the replay, which would end in ``ReplayDivergenceError``); another spelling of the same
+    setting resumes exactly (``test_arguments.py`` has every reader)."""
+
+    @pytest.fixture(autouse=True)
+    def _loaders(self, make_dl: Any) -> None:
+        self.make_dl = make_dl
+
+    def setUp(self) -> None:
+        directory = tempfile.TemporaryDirectory()
+        self.addCleanup(directory.cleanup)
+        self.root = directory.name
+        _write_lines(self.root)
+
+    def _lines(self, mode: str = "r", strip_newline: bool = True) -> Any:
+        files = FileLister(self.root, masks="*.txt").sharding_filter().open_files(mode=mode)
+        return files.readlines(strip_newline=strip_newline, return_path=False)
+
+    def test_a_changed_strip_newline_is_refused_before_any_worker_starts(self) -> None:
+        dl = self.make_dl(self._lines(strip_newline=True), rs(2))
+        take(iter(dl), 7)
+        state = moved_onto(dl.state_dict(), self._lines(strip_newline=False))
+        children = set(multiprocessing.active_children())
+        with self.assertRaises(IncompatibleCheckpointError) as raised:
+            list(restored(self.make_dl, state))
+        self.assertExpectedInline(
+            str(raised.exception),
+            """the checkpoint was taken with other arguments of its DataPipes (DataPipe 0:LineReaderIterDataPipe: strip_newline was True in the checkpoint, is False now): restore it with the arguments it was taken with""",  # noqa: E501
+        )
+        self.assertEqual(set(multiprocessing.active_children()), children, "no worker was started")
+
+    @parametrize("context", START_METHODS)
+    def test_another_spelling_of_the_open_mode_resumes_exactly(self, context: str) -> None:
+        dl = self.make_dl(self._lines(mode="rt"), rs(2, multiprocessing_context=context))
+        it = iter(dl)
+        take(it, 7)
+        state = dl.state_dict()
+        rest = list(it)
+        self.assertEqual(len(rest), 60 - 7)
+        resumed = restored(
+            self.make_dl, moved_onto(state, self._lines(mode="r")), rs(2, multiprocessing_context=context)
+        )
+        self.assertEqual(list(resumed), rest)
 
 
 def test_a_state_from_upstreams_reading_service_is_refused(make_dl: Any) -> None:
