@@ -7,7 +7,6 @@ Swap one import::
 and every upstream behaviour keeps working, plus :meth:`MultiProcessingReadingService.snapshot`.
 """
 
-from torchdata_snapshot._elastic import gather_elastic_state, register_elastic
 from torchdata_snapshot._errors import (
     ChangedFileError,
     CheckpointError,
@@ -23,10 +22,11 @@ from torchdata_snapshot._errors import (
     WorkerError,
     WorkerTimeoutError,
 )
-from torchdata_snapshot._options import BatchingOptions
-from torchdata_snapshot._reading_service import MultiProcessingReadingService
-from torchdata_snapshot._state_functions import register_state_functions
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
+from torchdata_snapshot.core.options import BatchingOptions
+from torchdata_snapshot.core.reading_service import MultiProcessingReadingService
+from torchdata_snapshot.elastic.resume import gather_elastic_state, register_elastic
+from torchdata_snapshot.graph_state.state_functions import register_state_functions
 
 __version__ = "0.1.0"
 

@@ -1,7 +1,7 @@
 """The package's time bounds, sizes and sentinel values, in one place.
 
 Every blocking wait of this package has a bound from here (see NOTE [ Snapshot protocol ] in
-:mod:`torchdata_snapshot._messages`): a waiter wakes up at least every
+:mod:`torchdata_snapshot.core.messages`): a waiter wakes up at least every
 ``LIVENESS_CHECK_INTERVAL_S`` to check the other side, and gives up after the bound of what it
 waits for. Options of the reading service (``control_timeout_s``, ``timeout_s``) override the
 defaults named ``DEFAULT_*``.

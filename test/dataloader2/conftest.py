@@ -125,7 +125,7 @@ def _existing(names: Iterable[str]) -> Dict[_FileId, str]:
     return found
 
 
-#: How a tensor pool's memfd shows in ``/proc/self/maps`` (see ``torchdata_snapshot._tensor_pool``).
+#: How a tensor pool's memfd shows in ``/proc/self/maps`` (see ``torchdata_snapshot.tensor_pool.pool``).
 _POOL_MAPPING = "/memfd:torchdata_snapshot tensor pool"
 
 

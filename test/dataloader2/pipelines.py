@@ -535,8 +535,8 @@ class OffByOneState(IterDataPipe):
 def started_runtime(datapipe: Any, num_workers: int) -> Tuple[Any, Any]:
     """``datapipe`` started as the reading service starts it, with small prefetch counts and
     bounded waits, replaying rather than capturing states."""
-    from torchdata_snapshot._options import FaultOptions, RestoreOptions, WorkerOptions
-    from torchdata_snapshot._runtime import start_runtime
+    from torchdata_snapshot.core.main.runtime import start_runtime
+    from torchdata_snapshot.core.options import FaultOptions, RestoreOptions, WorkerOptions
 
     return start_runtime(
         datapipe,

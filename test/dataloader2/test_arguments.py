@@ -49,8 +49,14 @@ from torchdata.datapipes.iter import (
 )
 from torchdata.datapipes.iter.util.decompressor import CompressionType
 
-from torchdata_snapshot._arguments import Arguments, Reading, argument_changes, datapipe_arguments, reading_of
-from torchdata_snapshot._graph import graph_datapipes
+from torchdata_snapshot.checkpoint.arguments import (
+    Arguments,
+    Reading,
+    argument_changes,
+    datapipe_arguments,
+    reading_of,
+)
+from torchdata_snapshot.core.graph import graph_datapipes
 
 
 def joined_by_spaces(lines: List[str]) -> str:

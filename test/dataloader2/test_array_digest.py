@@ -14,7 +14,7 @@ import torch
 from digest_items import ALIGNED, padded_arrays
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 
-from torchdata_snapshot._array_digest import SAMPLE_BYTES, value_digest
+from torchdata_snapshot.checkpoint.array_digest import SAMPLE_BYTES, value_digest
 
 #: Whether long doubles are x87's 80-bit extended precision here (10 bytes of 12 or 16: padded).
 _X87 = (numpy.finfo(numpy.longdouble).nmant, numpy.finfo(numpy.longdouble).nexp) == (63, 15)

@@ -8,7 +8,7 @@ from typing import List
 
 import pytest
 
-from torchdata_snapshot._capture import CapturePacer
+from torchdata_snapshot.graph_state.capture import CapturePacer
 
 
 class FakeClock:

@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from torchdata_snapshot._channel import (
+from torchdata_snapshot._errors import WorkerDiedError, WorkerTimeoutError
+from torchdata_snapshot.core.transport.channel import (
     ParentGone,
     ParentWatch,
     describe_exit,
     make_pipe_pair,
 )
-from torchdata_snapshot._errors import WorkerDiedError, WorkerTimeoutError
 
 FORK = multiprocessing.get_context("fork")
 

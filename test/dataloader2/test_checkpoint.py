@@ -20,7 +20,8 @@ from torch.utils.data.graph_settings import apply_sharding
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import FileOpener, IterableWrapper
 
-from torchdata_snapshot._checkpoint import (
+from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
+from torchdata_snapshot.checkpoint.format import (
     FORMAT,
     FORMAT_VERSION,
     Checkpoint,
@@ -30,9 +31,8 @@ from torchdata_snapshot._checkpoint import (
     graph_fingerprint,
     graph_identity,
 )
-from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
-from torchdata_snapshot._remaining import Level
-from torchdata_snapshot._seeds import seed_state
+from torchdata_snapshot.checkpoint.seeds import seed_state
+from torchdata_snapshot.elastic.remaining import Level
 
 GRAPH = GraphIdentity(
     "0123456789abcdef",
@@ -102,7 +102,7 @@ def test_the_state_survives_torch_save_with_weights_only_and_pickle() -> None:
 def corrupt(edit: Callable[[Dict[str, Any]], Any], keep_checksum: bool = False) -> Dict[str, Any]:
     """Edit a valid state; unless ``keep_checksum``, recompute the checksum so that only the
     schema check stands between the edit and use."""
-    from torchdata_snapshot._checkpoint import _checksum
+    from torchdata_snapshot.checkpoint.format import _checksum
 
     plain = example().to_plain()
     edit(plain)
@@ -402,7 +402,7 @@ def test_the_fingerprint_and_arguments_are_the_same_in_a_fresh_process() -> None
 @pytest.mark.parametrize("version", range(1, FORMAT_VERSION))
 def test_a_state_of_an_earlier_format_version_is_refused_naming_both(version: int) -> None:
     """The earlier versions were written by development builds, before the first release."""
-    from torchdata_snapshot._checkpoint import _checksum
+    from torchdata_snapshot.checkpoint.format import _checksum
 
     old = {key: value for key, value in example().to_plain().items() if key != "checksum"}
     old["version"] = version

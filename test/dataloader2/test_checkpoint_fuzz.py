@@ -34,7 +34,7 @@ from torchdata_snapshot import (
     ReplayDivergenceError,
     StateRestoreError,
 )
-from torchdata_snapshot._checkpoint import _checksum
+from torchdata_snapshot.checkpoint.format import _checksum
 
 EXAMPLES = int(os.environ.get("TORCHDATA_SNAPSHOT_FUZZ_EXAMPLES", "40"))
 

@@ -8,12 +8,12 @@ from torchdata.dataloader2.random import SeedGenerator
 from torchdata.dataloader2.utils import WorkerInfo
 from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
 
-from torchdata_snapshot._channel import make_pipe_pair
-from torchdata_snapshot._checkpoint import WorkerPosition
-from torchdata_snapshot._consumer import WorkerConsumer, credit_window
 from torchdata_snapshot._errors import ReadingServiceClosedError
-from torchdata_snapshot._options import BatchingOptions, WorkerOptions
-from torchdata_snapshot._worker import WorkerLoop
+from torchdata_snapshot.checkpoint.format import WorkerPosition
+from torchdata_snapshot.core.main.consumer import WorkerConsumer, credit_window
+from torchdata_snapshot.core.options import BatchingOptions, WorkerOptions
+from torchdata_snapshot.core.transport.channel import make_pipe_pair
+from torchdata_snapshot.core.worker.loop import WorkerLoop
 
 
 class Running:
@@ -220,7 +220,7 @@ def test_a_replayed_restore_continues_the_order_exactly(running, k: int) -> None
 
 
 def test_every_item_handed_on_names_its_worker_for_the_users_position(running) -> None:  # type: ignore[no-untyped-def]
-    from torchdata_snapshot._positions import UserPositions
+    from torchdata_snapshot.checkpoint.positions import UserPositions
 
     positions = UserPositions(2)
     r = running([IterableWrapper([1, 2, 3]), IterableWrapper([10])], positions=positions)
@@ -232,8 +232,8 @@ def test_every_item_handed_on_names_its_worker_for_the_users_position(running) -
 
 
 def test_the_running_digest_is_known_at_every_position_the_user_may_reach(running) -> None:  # type: ignore[no-untyped-def]
-    from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
-    from torchdata_snapshot._positions import UserPositions
+    from torchdata_snapshot.checkpoint.digest import CHAIN_START, chain, chain_hex
+    from torchdata_snapshot.checkpoint.positions import UserPositions
 
     # The user's position stays at 0 (no outlet delivers): nothing may be dropped yet.
     r = running([IterableWrapper(range(10))], window=16, max_items=3, positions=UserPositions(1))

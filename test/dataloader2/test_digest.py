@@ -23,8 +23,8 @@ import torch
 from digest_items import padded_arrays
 from torch.testing._internal.common_utils import TestCase
 
-from torchdata_snapshot._array_digest import value_digest
-from torchdata_snapshot._digest import item_digest
+from torchdata_snapshot.checkpoint.array_digest import value_digest
+from torchdata_snapshot.checkpoint.digest import item_digest
 
 Point = namedtuple("Point", "x y")
 
@@ -110,7 +110,7 @@ _CHILD = """
 import sys, pickle
 sys.path.insert(0, {path!r})
 from test_digest import samples
-from torchdata_snapshot._digest import item_digest
+from torchdata_snapshot.checkpoint.digest import item_digest
 print(",".join(item_digest(x) for x in samples()))
 """
 

@@ -8,10 +8,10 @@ from torchdata._utils import ExceptionWrapper
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import IterableWrapper
 
-from torchdata_snapshot import _messages as m
-from torchdata_snapshot._channel import Channel, make_pipe_pair
-from torchdata_snapshot._dispatch import DispatchedSource, DispatcherLoop
 from torchdata_snapshot._errors import ProtocolError, ReadingServiceError
+from torchdata_snapshot.core import messages as m
+from torchdata_snapshot.core.transport.channel import Channel, make_pipe_pair
+from torchdata_snapshot.core.worker.dispatcher import DispatchedSource, DispatcherLoop
 
 
 class Dispatching:

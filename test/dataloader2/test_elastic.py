@@ -23,7 +23,7 @@ from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
 
 from torchdata_snapshot import IncompatibleCheckpointError, register_elastic
-from torchdata_snapshot._elastic import elastic_refusal
+from torchdata_snapshot.elastic.resume import elastic_refusal
 
 #: Pipeline shapes whose epochs resume elastically (see pipelines.py).
 ELASTIC_SHAPES = [

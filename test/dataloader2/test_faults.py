@@ -40,8 +40,8 @@ from torchdata_snapshot import (
     StateCaptureError,
     WorkerDiedError,
 )
-from torchdata_snapshot._channel import make_pipe_pair
-from torchdata_snapshot._consumer import WorkerConsumer
+from torchdata_snapshot.core.main.consumer import WorkerConsumer
+from torchdata_snapshot.core.transport.channel import make_pipe_pair
 
 BOUND_S = 30.0  # generous: every fault must surface well within this
 
@@ -271,7 +271,7 @@ def test_shutdown_from_another_thread_during_a_snapshot(make_dl: Any, tmp_path: 
 
 
 def test_an_interrupted_read_never_continues_silently() -> None:
-    from torchdata_snapshot._consumer import WorkerConsumer
+    from torchdata_snapshot.core.main.consumer import WorkerConsumer
 
     consumer = WorkerConsumer([], window=1)
     consumer.links.broken = "KeyboardInterrupt while waiting for an item"

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from torchdata_snapshot._item_codec import ItemDecoder, ItemEncoder
+from torchdata_snapshot.core.transport.item_codec import ItemDecoder, ItemEncoder
 
 
 def test_encoder_round_trips_items_in_order() -> None:

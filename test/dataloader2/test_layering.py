@@ -10,21 +10,29 @@ from typing import Dict, List, Set
 PACKAGE = Path(__file__).resolve().parents[2] / "torchdata_snapshot"
 
 
+def module_name(path: Path) -> str:
+    """``core/main/outlet.py`` -> ``core.main.outlet``; a folder's ``__init__.py`` -> the folder."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts) or "__init__"
+
+
 def imports() -> Dict[str, Set[str]]:
+    """Each module -> the package's modules it imports (wherever in the module)."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph: Dict[str, Set[str]] = {}
-    for path in PACKAGE.glob("*.py"):
-        module = path.stem
+    for module, path in modules.items():
         found: Set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
-            if (
+            if not (
                 isinstance(node, ast.ImportFrom)
                 and node.module
                 and node.module.startswith("torchdata_snapshot")
             ):
-                if node.module == "torchdata_snapshot":
-                    found.update(alias.name for alias in node.names)
-                else:
-                    found.add(node.module.rsplit(".", 1)[-1])
+                continue
+            inside = node.module[len("torchdata_snapshot.") :]
+            for alias in node.names:
+                named = f"{inside}.{alias.name}" if inside else alias.name
+                found.add(named if named in modules else inside or "__init__")
         graph[module] = found - {module}
     return graph
 
@@ -43,6 +51,6 @@ def test_no_module_imports_a_module_that_imports_it_back() -> None:
 
     for module in graph:
         visit(module, [])
-    assert "_reading_service" not in set().union(*(graph[m] for m in graph if m != "__init__")), (
+    assert "core.reading_service" not in set().union(*(graph[m] for m in graph if m != "__init__")), (
         "only the package's __init__ imports the reading service"
     )

@@ -9,7 +9,7 @@ from torchdata._utils import ExceptionWrapper
 from torchdata.dataloader2.communication import messages as upstream
 from torchdata.dataloader2.random import SeedGenerator
 
-from torchdata_snapshot import _messages as m
+from torchdata_snapshot.core import messages as m
 
 
 def _wrapped_error() -> ExceptionWrapper:

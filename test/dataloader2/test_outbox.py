@@ -10,17 +10,17 @@ from typing import Any, Iterator, List, Tuple
 import pytest
 
 from torchdata_snapshot import BatchingOptions
-from torchdata_snapshot import _messages as m
-from torchdata_snapshot._channel import (
+from torchdata_snapshot._constants import LIVENESS_CHECK_INTERVAL_S
+from torchdata_snapshot.core import messages as m
+from torchdata_snapshot.core.transport.batches import QueuedItem
+from torchdata_snapshot.core.transport.channel import (
     Channel,
     ParentGone,
     ParentWatch,
     make_pipe_pair,
 )
-from torchdata_snapshot._constants import LIVENESS_CHECK_INTERVAL_S
-from torchdata_snapshot._item_codec import ItemDecoder, ItemEncoder
-from torchdata_snapshot._outbox import Outbox
-from torchdata_snapshot._stream import QueuedItem
+from torchdata_snapshot.core.transport.item_codec import ItemDecoder, ItemEncoder
+from torchdata_snapshot.core.transport.outbox import Outbox
 
 
 @pytest.fixture

@@ -12,13 +12,13 @@ import torch
 from torch.utils.data import IterDataPipe
 from torchdata.datapipes.iter import IterableWrapper
 
-import torchdata_snapshot._outlet as outlet_module
+import torchdata_snapshot.core.main.outlet as outlet_module
 from torchdata_snapshot._constants import READ_AHEAD_BYTES, READ_AHEAD_ITEMS
-from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot._errors import ReplayDivergenceError
-from torchdata_snapshot._outlet import Outlet, data_bytes
-from torchdata_snapshot._positions import UserPositions
-from torchdata_snapshot._rng import IsolatedRNG
+from torchdata_snapshot.checkpoint.digest import CHAIN_START, chain, chain_hex
+from torchdata_snapshot.checkpoint.positions import UserPositions
+from torchdata_snapshot.checkpoint.rng_states import IsolatedRNG
+from torchdata_snapshot.core.main.outlet import Outlet, data_bytes
 
 
 class Tagged(IterDataPipe):

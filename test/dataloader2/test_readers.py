@@ -19,8 +19,8 @@ from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import FileLister, IterableWrapper
 
 from torchdata_snapshot import ChangedFileError, StateRestoreError
-from torchdata_snapshot._graph import graph_datapipes
-from torchdata_snapshot._graph_state import GraphState
+from torchdata_snapshot.core.graph import graph_datapipes
+from torchdata_snapshot.graph_state.graph_state import GraphState
 
 SHARDS, RECORDS = 4, 60
 

@@ -31,7 +31,7 @@ from torchdata.datapipes.iter import IterableWrapper
 
 from torchdata_snapshot import MultiProcessingReadingService, ReadingServiceClosedError, WorkerSnapshot
 from torchdata_snapshot._errors import ReadingServiceError
-from torchdata_snapshot._options import FaultOptions, RestoreOptions
+from torchdata_snapshot.core.options import FaultOptions, RestoreOptions
 
 
 def run_epochs(

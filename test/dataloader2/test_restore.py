@@ -39,7 +39,7 @@ from torchdata_snapshot import (
     MultiProcessingReadingService,
     ReplayDivergenceError,
 )
-from torchdata_snapshot._checkpoint import Checkpoint
+from torchdata_snapshot.checkpoint.format import Checkpoint
 
 
 def restored(make_dl: Any, state: Any, service: Any = None) -> DataLoader2:

@@ -10,7 +10,7 @@ import pytest
 from torch.utils.data import IterDataPipe
 from torchdata.datapipes.iter import FileLister, IterableWrapper
 
-from torchdata_snapshot._equivalents import ADAPTERS, ResumableIterableWrapper
+from torchdata_snapshot.graph_state.equivalents import ADAPTERS, ResumableIterableWrapper
 
 Build = Callable[[Callable[[Sequence[Any]], IterDataPipe], Path], IterDataPipe]
 

@@ -19,8 +19,14 @@ from torch.utils.data.datapipes.utils.common import StreamWrapper
 from torchdata.datapipes.iter import FileOpener, IterableWrapper
 
 from torchdata_snapshot._errors import ChangedFileError, StateCaptureError, StateRestoreError
-from torchdata_snapshot._readers import READER_ADAPTERS, ResumableReader, StreamMaker
-from torchdata_snapshot._streams import check_opened, describe, origin_of, pack_opened, rebuild
+from torchdata_snapshot.graph_state.file_origins import (
+    check_opened,
+    describe,
+    origin_of,
+    pack_opened,
+    rebuild,
+)
+from torchdata_snapshot.graph_state.readers import READER_ADAPTERS, ResumableReader, StreamMaker
 
 
 def adapted(dp: Any) -> Any:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import torchdata_snapshot
-from torchdata_snapshot._rng import (
+from torchdata_snapshot.checkpoint.rng_states import (
     IsolatedRNG,
     pack_python_state,
     packed_global_rng_state,

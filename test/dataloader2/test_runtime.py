@@ -12,10 +12,10 @@ from pipelines import started_runtime
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import IterableWrapper
 
-from torchdata_snapshot._in_process import InProcess
-from torchdata_snapshot._outlet import Outlet
-from torchdata_snapshot._runtime import Runtime
-from torchdata_snapshot._worker_pool import WorkerPool
+from torchdata_snapshot.core.main.in_process import InProcess
+from torchdata_snapshot.core.main.outlet import Outlet
+from torchdata_snapshot.core.main.runtime import Runtime
+from torchdata_snapshot.core.main.worker_processes import WorkerPool
 
 Running = Tuple[Runtime, Outlet]
 

@@ -10,7 +10,7 @@ import torch
 from torchdata.dataloader2.random import SeedGenerator
 
 from torchdata_snapshot._errors import InvalidCheckpointError
-from torchdata_snapshot._seeds import (
+from torchdata_snapshot.checkpoint.seeds import (
     check_seed_state,
     drawn_by_unseeded_dataloader2,
     load_seed_state,

@@ -10,11 +10,11 @@ from pipelines import started_runtime
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import IterableWrapper
 
-from torchdata_snapshot._checkpoint import Checkpoint, graph_identity
 from torchdata_snapshot._constants import NO_EPOCH
-from torchdata_snapshot._restore_plan import PendingRestore, plan_restore
-from torchdata_snapshot._seeds import seed_state
-from torchdata_snapshot._session import Session, checkpoint_before_start
+from torchdata_snapshot.checkpoint.format import Checkpoint, graph_identity
+from torchdata_snapshot.checkpoint.restore_plan import PendingRestore, plan_restore
+from torchdata_snapshot.checkpoint.seeds import seed_state
+from torchdata_snapshot.core.session import Session, checkpoint_before_start
 
 SIZE = 20
 

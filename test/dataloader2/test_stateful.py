@@ -18,9 +18,9 @@ from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import FileLister, IterableWrapper, IterDataPipe
 
 from torchdata_snapshot import StateRestoreError, register_state_functions
-from torchdata_snapshot._graph import graph_datapipes
-from torchdata_snapshot._graph_state import GraphState
-from torchdata_snapshot._state_functions import _REGISTERED, StateFunctions
+from torchdata_snapshot.core.graph import graph_datapipes
+from torchdata_snapshot.graph_state.graph_state import GraphState
+from torchdata_snapshot.graph_state.state_functions import _REGISTERED, StateFunctions
 
 
 def noisy(x: Any) -> Any:
@@ -283,7 +283,7 @@ def test_a_blob_that_is_not_a_graph_state_is_refused() -> None:
 def test_rng_states_are_packed_and_a_blob_of_the_previous_layout_still_loads() -> None:
     """Captures store the Mersenne Twister words and torch's state as bytes (they pickle ten
     times faster); blobs written before, with tuples of ints and a tensor, load the same."""
-    from torchdata_snapshot._rng import unpack_global_rng_state, unpack_python_state
+    from torchdata_snapshot.checkpoint.rng_states import unpack_global_rng_state, unpack_python_state
 
     dp, state = resumable(SHAPES["global_rng"]())
     state.reset(graph_datapipes(dp))

@@ -33,8 +33,8 @@ from torchdata.dataloader2.graph import set_graph_random_seed
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import FileLister, FileOpener, IterableWrapper, IterDataPipe
 
-from torchdata_snapshot._graph import graph_datapipes
-from torchdata_snapshot._graph_state import RESUMABLE_ADAPTERS, RESUMABLE_STATELESS, GraphState
+from torchdata_snapshot.core.graph import graph_datapipes
+from torchdata_snapshot.graph_state.graph_state import RESUMABLE_ADAPTERS, RESUMABLE_STATELESS, GraphState
 
 Build = Callable[[], IterDataPipe]
 

@@ -10,12 +10,12 @@ from typing import Tuple
 import pytest
 from torch.testing._internal.common_utils import TestCase
 
-from torchdata_snapshot._checkpoint import WorkerPosition
 from torchdata_snapshot._constants import SMALL_ITEMS_MAX_WINDOW
-from torchdata_snapshot._item_codec import ItemEncoder
-from torchdata_snapshot._messages import ItemsResponse, StateMarkResponse
-from torchdata_snapshot._stream import Credit, QueuedItem, items_message, small_items_window
-from torchdata_snapshot._worker_stream import WorkerStream
+from torchdata_snapshot.checkpoint.format import WorkerPosition
+from torchdata_snapshot.core.main.worker_record import WorkerStream
+from torchdata_snapshot.core.messages import ItemsResponse, StateMarkResponse
+from torchdata_snapshot.core.transport.batches import Credit, QueuedItem, items_message, small_items_window
+from torchdata_snapshot.core.transport.item_codec import ItemEncoder
 
 BUDGET = 1 << 18
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from torchdata_snapshot._item_codec import ItemDecoder, ItemEncoder
-from torchdata_snapshot._tensor_pool import TensorPool, TensorPoolOptions
+from torchdata_snapshot.core.transport.item_codec import ItemDecoder, ItemEncoder
+from torchdata_snapshot.tensor_pool.pool import TensorPool, TensorPoolOptions
 
 
 def test_an_item_dropped_unsent_frees_its_slot() -> None:

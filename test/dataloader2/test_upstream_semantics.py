@@ -17,7 +17,7 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
 
-import torchdata_snapshot._outlet as outlet_module
+import torchdata_snapshot.core.main.outlet as outlet_module
 from torchdata_snapshot._constants import READ_AHEAD_ITEMS
 
 
@@ -185,7 +185,7 @@ def test_pausing_a_prefetcher_whose_source_just_ended_returns(monkeypatch: pytes
 
     import torchdata.datapipes.iter.util.prefetcher as prefetcher
 
-    from torchdata_snapshot._graph import pause_datapipe
+    from torchdata_snapshot.core.graph import pause_datapipe
 
     monkeypatch.setattr(prefetcher, "PRODUCER_SLEEP_INTERVAL", 0.2)  # the thread lingers 2 s
     dp = IterableWrapper(range(10)).prefetch()

@@ -9,16 +9,16 @@ from torchdata.dataloader2.random import SeedGenerator
 from torchdata.dataloader2.utils import WorkerInfo
 from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
 
-from torchdata_snapshot import _messages as m
 from torchdata_snapshot import register_state_functions
-from torchdata_snapshot._channel import make_pipe_pair
-from torchdata_snapshot._digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot._errors import ProtocolError, ReplayDivergenceError, StateCaptureError
-from torchdata_snapshot._item_codec import ItemDecoder
-from torchdata_snapshot._options import BatchingOptions, RestoreOptions, WorkerOptions
-from torchdata_snapshot._state_functions import StateFunctions
-from torchdata_snapshot._stream import items_message
-from torchdata_snapshot._worker import WorkerLoop, carried_state_functions
+from torchdata_snapshot.checkpoint.digest import CHAIN_START, chain, chain_hex
+from torchdata_snapshot.core import messages as m
+from torchdata_snapshot.core.options import BatchingOptions, RestoreOptions, WorkerOptions
+from torchdata_snapshot.core.transport.batches import items_message
+from torchdata_snapshot.core.transport.channel import make_pipe_pair
+from torchdata_snapshot.core.transport.item_codec import ItemDecoder
+from torchdata_snapshot.core.worker.loop import WorkerLoop, carried_state_functions
+from torchdata_snapshot.graph_state.state_functions import StateFunctions
 
 
 def serve(
@@ -195,7 +195,7 @@ class FooRequest(m.Request):
 def test_a_failing_outbox_thread_reports_its_error_and_the_loop_exits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from torchdata_snapshot import _outbox as outbox
+    from torchdata_snapshot.core.transport import outbox as outbox
 
     def message(batch: Any) -> m.ItemsResponse:
         response = items_message(batch)
@@ -441,7 +441,7 @@ def test_a_replay_past_the_end_of_the_stream_is_a_divergence() -> None:
 
 
 def test_a_long_replay_reports_progress(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchdata_snapshot import _worker as worker
+    from torchdata_snapshot.core.worker import loop as worker
 
     monkeypatch.setattr(worker, "REPLAY_HEARTBEAT_S", 0.0)
     responses = serve(IterableWrapper(range(10)), [reset(), m.ReplayRequest(0, 3)])
@@ -504,7 +504,7 @@ class Timed(IterDataPipe):
 def test_captures_are_paced_by_production_time_not_by_waits_for_credit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from torchdata_snapshot import _worker as worker
+    from torchdata_snapshot.core.worker import loop as worker
 
     clock = FakeClock()
     monkeypatch.setattr(worker, "time", clock)

@@ -137,9 +137,25 @@ def load(path: Path = MANIFEST) -> Manifest:
         raise ManifestError(f"{path} is malformed: {type(e).__name__}: {e}") from e
 
 
+def module_path(module: str) -> Path:
+    """The file of one of the package's modules, named as ``placement`` names them: its path in
+    the package, dotted (``core.messages``, ``_errors``)."""
+    return PACKAGE_DIR / (module.replace(".", "/") + ".py")
+
+
+def package_modules() -> Set[str]:
+    """Every module of the package, dotted, but its ``__init__`` files (the top one is
+    torchdata.dataloader2; those of the folders hold a docstring)."""
+    return {
+        ".".join(p.relative_to(PACKAGE_DIR).with_suffix("").parts)
+        for p in PACKAGE_DIR.rglob("*.py")
+        if p.name != "__init__.py"
+    }
+
+
 def module_imports(module: str) -> Set[str]:
     """The package's modules that ``module`` imports."""
-    return _package_imports(PACKAGE_DIR / f"{module}.py") - {module}
+    return _package_imports(module_path(module)) - {module}
 
 
 def _package_imports(path: Path, top_level_only: bool = False) -> Set[str]:
@@ -150,7 +166,11 @@ def _package_imports(path: Path, top_level_only: bool = False) -> Set[str]:
     tree = ast.parse(path.read_text())
     for node in tree.body if top_level_only else ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(f"{PACKAGE}."):
-            found.add(node.module.rsplit(".", 1)[1])
+            inside = node.module[len(PACKAGE) + 1 :]
+            if module_path(inside).is_file():  # from torchdata_snapshot.core.messages import X
+                found.add(inside)
+            else:  # from torchdata_snapshot.core import messages
+                found.update(f"{inside}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module == PACKAGE:
             for alias in node.names:
                 found.add(alias.name if alias.name.startswith("_") else public.get(alias.name, "__init__"))
@@ -190,14 +210,14 @@ def public_name_modules() -> Dict[str, str]:
     for node in tree.body:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(f"{PACKAGE}."):
             for alias in node.names:
-                names[alias.asname or alias.name] = node.module.rsplit(".", 1)[1]
+                names[alias.asname or alias.name] = node.module[len(PACKAGE) + 1 :]
     return names
 
 
 def check(manifest: Manifest) -> None:
     """Every module placed once, in a commit after every module it imports; every test exported
     (all its parts, in order) after the modules and helpers it needs, or said not to be."""
-    modules = sorted(p.stem for p in PACKAGE_DIR.glob("_*.py") if p.stem != "__init__")
+    modules = sorted(package_modules())
     if sorted(manifest.placements) != modules:
         raise ManifestError(
             f"[placement] must place every module: {sorted(set(modules) ^ set(manifest.placements))}"
@@ -217,7 +237,7 @@ def check(manifest: Manifest) -> None:
                 raise ManifestError(f"{module} ({commit.title}) imports {sorted(missing)}, exported later")
         done.update(commit.modules)
         if commit.exports:
-            if "_reading_service" not in done:
+            if "core.reading_service" not in done:
                 raise ManifestError(
                     f"{commit.title} exports the public names before the reading service exists"
                 )

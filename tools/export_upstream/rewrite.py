@@ -7,7 +7,7 @@ import ast
 import re
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from errors import UpstreamLayoutError
+from errors import ManifestError, UpstreamLayoutError
 from manifest import PACKAGE, Manifest, Placement, public_name_modules
 
 #: Where the package's public names are importable once the series is applied.
@@ -39,12 +39,17 @@ def rewrite(source: str, manifest: Manifest) -> str:
             continue
         by_module: Dict[str, List[str]] = {}
         for alias in node.names:
-            if node.module != PACKAGE:  # from torchdata_snapshot._x import name
-                home = manifest.placement(node.module.split(".")[1]).dotted
+            inside = node.module[len(PACKAGE) + 1 :]
+            if inside in manifest.placements:  # from torchdata_snapshot.core.messages import name
+                home = manifest.placement(inside).dotted
                 by_module.setdefault(home, []).append(_spelled(alias))
-            elif alias.name in manifest.placements:  # from torchdata_snapshot import _x as m
-                parent, leaf = manifest.placement(alias.name).dotted.rsplit(".", 1)
+            elif (f"{inside}.{alias.name}" if inside else alias.name) in manifest.placements:
+                # from torchdata_snapshot.core import messages as m; from torchdata_snapshot import _x
+                module = f"{inside}.{alias.name}" if inside else alias.name
+                parent, leaf = manifest.placement(module).dotted.rsplit(".", 1)
                 by_module.setdefault(parent, []).append(f"{leaf} as {alias.asname or alias.name}")
+            elif inside:
+                raise ManifestError(f"{node.module} is neither a module of the package nor a folder of them")
             else:  # from torchdata_snapshot import PublicName
                 home = manifest.placement(public[alias.name]).dotted
                 by_module.setdefault(home, []).append(_spelled(alias))
@@ -57,9 +62,7 @@ def rewrite(source: str, manifest: Manifest) -> str:
         lines[start:end] = [replacement]
     text = "".join(lines)
     text = re.sub(
-        rf"\b{PACKAGE}\.(_[a-z_]+)\b",
-        lambda m: manifest.placement(m.group(1)).dotted if m.group(1) in manifest.placements else m.group(0),
-        text,
+        rf"\b{PACKAGE}\.([a-z_][a-z_0-9]*(?:\.[a-z_][a-z_0-9]*)*)", lambda m: _homed(m, manifest), text
     )
     for name, module in public.items():  # "call torchdata_snapshot.register_state_functions()"
         # Public names live in torchdata.dataloader2 at the end of the series; those it does
@@ -73,6 +76,17 @@ def rewrite(source: str, manifest: Manifest) -> str:
     for pattern, replacement in manifest.text_rules:  # the repository's docs and scripts
         text = re.sub(pattern, replacement, text)
     return text
+
+
+def _homed(match: re.Match[str], manifest: Manifest) -> str:
+    """``torchdata_snapshot.core.outlet.Outlet`` -> ``torchdata.dataloader2.communication.outlet.Outlet``:
+    the longest dotted prefix that is a module of the package takes its place in torchdata."""
+    parts = match.group(1).split(".")
+    for n in range(len(parts), 0, -1):
+        module = ".".join(parts[:n])
+        if module in manifest.placements:
+            return ".".join([manifest.placement(module).dotted, *parts[n:]])
+    return match.group(0)
 
 
 def rewrite_test(source: str, manifest: Manifest) -> str:

@@ -21,7 +21,7 @@ from errors import (
     UnsupportedVersionError,
     UpstreamLayoutError,
 )
-from manifest import PACKAGE_DIR, REPO_DIR, TESTS_DIR, Commit, Manifest, public_name_modules
+from manifest import REPO_DIR, TESTS_DIR, Commit, Manifest, module_path, public_name_modules
 from rewrite import (
     _import_statement,
     _insert_imports,
@@ -113,7 +113,7 @@ class SeriesWriter:
 
     def module(self, module: str) -> str:
         placement = self.manifest.placement(module)
-        ours = rewrite((PACKAGE_DIR / f"{module}.py").read_text(), self.manifest)
+        ours = rewrite(module_path(module).read_text(), self.manifest)
         target = self.checkout / placement.path
         if placement.merge:
             if not target.is_file():

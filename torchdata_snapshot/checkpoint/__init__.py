@@ -1,0 +1,1 @@
+"""The checkpoint: its format, positions, running digests, replay, seeds, RNG states, restore plans."""

@@ -1,0 +1,137 @@
+"""Restore planning: which epoch a restored reading service resumes, and how.
+
+``MultiProcessingReadingService.restore()`` validates the state against the graph and the
+service's configuration before any process starts (:func:`plan_restore`), and keeps the
+:class:`PendingRestore` it gets until the next ``initialize_iteration`` starts that epoch: an
+exact resume (the same ``num_workers`` and world size: each worker replays its stream, or the
+main process replays the user's position), or, with ``elastic=True``, the epoch's start over
+the elements the user had not received (see :mod:`torchdata_snapshot.elastic.resume`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from torchdata.dataloader2.graph import DataPipe
+from torchdata.dataloader2.random import SeedGenerator
+
+from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
+from torchdata_snapshot.checkpoint.format import Checkpoint, GraphIdentity, WorkerPosition
+from torchdata_snapshot.checkpoint.seeds import (
+    drawn_by_unseeded_dataloader2,
+    load_seed_state,
+    rank_seed_state,
+    seed_state,
+)
+from torchdata_snapshot.elastic.remaining import ElasticEpoch, sharding_layout, sharding_point
+from torchdata_snapshot.elastic.resume import elastic_refusal, replicable_branch, resume_levels
+
+__all__ = ["PendingRestore", "plan_restore", "rewind", "sharding_of"]
+
+
+@dataclass(frozen=True)
+class PendingRestore:
+    """An epoch to resume: what the next ``initialize_iteration`` needs to start it."""
+
+    #: The state taken in the epoch, laid out for this service: one position per worker and this
+    #: rank's seeds (an elastic start's positions are the epoch's start over what remains).
+    checkpoint: Checkpoint
+    #: The epoch resumes elastically (its levels, and the graph states that give the new workers
+    #: a head start), or ``None``. Never set for ``num_workers=0``: only workers run one.
+    elastic: Optional[ElasticEpoch] = None
+
+
+def sharding_of(datapipe: DataPipe) -> Tuple[int, int]:
+    """``(world_size, rank)`` the graph's sharding filter was given (``(1, 0)`` without one)."""
+    sf = sharding_point(datapipe)
+    return (1, 0) if sf is None else sharding_layout(sf)
+
+
+def plan_restore(
+    state: Checkpoint,
+    datapipe: DataPipe,
+    graph: GraphIdentity,
+    sharding: Tuple[int, int],
+    num_workers: int,
+    elastic: bool,
+) -> Optional[PendingRestore]:
+    """The epoch that restoring ``state`` for ``datapipe`` (whose identity is ``graph`` and
+    sharding ``sharding``, see :func:`sharding_of`) resumes with ``num_workers`` workers
+    (``elastic``: the service's option), or ``None`` if ``state`` was taken outside an epoch.
+
+    Raises :class:`~torchdata_snapshot.IncompatibleCheckpointError` if the state does not fit
+    the graph or the service's layout (and cannot resume elastically).
+    """
+    same_layout = state.num_workers == num_workers and (
+        state.sharding is None or state.sharding[0] == sharding[0]
+    )
+    if state.status == "idle" and same_layout:
+        return None  # nothing of an epoch to resume
+    if same_layout or not elastic:
+        state.check_fits(num_workers, graph, sharding)
+    else:
+        state.check_graph(graph)
+        if state.status == "in_epoch":
+            return _elastic_start(state, datapipe, sharding, num_workers)
+    if state.status != "in_epoch":
+        return None
+    if not state.remaining:
+        return PendingRestore(state)
+    if not num_workers:  # no state of ours: an elastic epoch runs in workers
+        raise InvalidCheckpointError(
+            "a state taken with num_workers=0 cannot hold the levels of an elastic epoch"
+        )
+    return PendingRestore(state, ElasticEpoch(state.remaining))
+
+
+def _elastic_start(
+    state: Checkpoint, datapipe: DataPipe, sharding: Tuple[int, int], num_workers: int
+) -> PendingRestore:
+    """The start of ``state``'s epoch for ``num_workers`` workers and this rank, dealing only
+    the elements the user had not received (see :mod:`torchdata_snapshot.elastic.resume`); the graph
+    states the old workers captured give the new ones a head start."""
+    refusal = "elastic resume needs worker processes (num_workers >= 1)" if not num_workers else None
+    refusal = refusal or elastic_refusal(datapipe, replicable_branch(datapipe))
+    if refusal is not None:
+        raise IncompatibleCheckpointError(
+            f"the epoch cannot resume with another number of workers or ranks: {refusal}"
+        )
+    levels = resume_levels(state, datapipe)
+    assert state.sharding is not None  # resume_levels checked it
+    first_instance = state.sharding[1] * state.num_workers
+    head_states = tuple((first_instance + i, w.state[1]) for i, w in enumerate(state.workers) if w.state)
+    start = Checkpoint(
+        num_workers=num_workers,
+        graph=state.graph,
+        epoch=state.epoch,
+        status="in_epoch",
+        # Another rank's state may be loaded: the seeds are put back to this rank's.
+        seed=rank_seed_state(state.seed, sharding[1]) if sharding[0] > 1 and state.seed else state.seed,
+        workers=(WorkerPosition(taken=0),) * num_workers,
+        sharding=sharding,
+        remaining=levels,
+    )
+    return PendingRestore(start, ElasticEpoch(levels, head_states))
+
+
+def rewind(pending: Optional[PendingRestore], seed_generator: SeedGenerator) -> Optional[PendingRestore]:
+    """The restore that the epoch DataLoader2 starts with ``seed_generator`` resumes: ``pending``,
+    with the generator put back, in place, to where that epoch started; or ``None``, when there
+    is none or DataLoader2 asks to replay the saved epoch from its beginning."""
+    if pending is None:
+        return None
+    at_saved_epochs_start = seed_state(seed_generator) == pending.checkpoint.seed
+    if at_saved_epochs_start and not drawn_by_unseeded_dataloader2(seed_generator):
+        # DataLoader2._restore_checkpoint_beginning_of_epoch() hands over the generator as it
+        # was when the saved epoch started: upstream's meaning is to replay that epoch from
+        # its beginning, so it starts afresh, with those seeds. (Unseeded, DataLoader2 draws
+        # a new generator at every iter(), which that call cannot change; a fresh process may
+        # draw the saved epoch's by chance: the epoch still resumes where it stopped.)
+        return None
+    # The generator DataLoader2 hands over was saved *after* this epoch's seeding (and
+    # DistributedReadingService may have advanced it again): put it back, in place, to
+    # where this epoch started, so that this epoch and every later one get the seeds
+    # of the uninterrupted run.
+    load_seed_state(seed_generator, pending.checkpoint.seed)
+    return pending

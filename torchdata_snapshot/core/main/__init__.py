@@ -1,0 +1,1 @@
+"""What runs in the main process: the record of each worker, the consumer, the outlet, the processes."""

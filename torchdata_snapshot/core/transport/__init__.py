@@ -1,0 +1,1 @@
+"""How items and messages travel between processes: pickling, pipes, batches, the outbox thread."""

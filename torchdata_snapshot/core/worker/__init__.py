@@ -1,0 +1,1 @@
+"""What runs in a worker process (and in the dispatching process)."""

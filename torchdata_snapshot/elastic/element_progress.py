@@ -1,0 +1,127 @@
+"""How far into its current element a worker's expander is, for elastic resume.
+
+In a graph that resumes elastically, at most one DataPipe after the sharding filter yields
+several items per element (an *expander*: a reader, ``flatmap``, ``unbatch``; see
+:mod:`torchdata_snapshot.elastic.resume`). With each item, a worker records its sharding filter's
+count (``taken``) and ``ElementProgress.partial()``: the items of the expander's current
+element that were handed on, less the one a DataPipe after it may hold (``webdataset``'s next
+sample, ``lines_to_paragraphs``'s next paragraph). An elastic resume deals that element again,
+and the expander skips that many of its items (``ElementProgress.skip()``).
+
+The expander and the DataPipes that hold an item are the resumable equivalents of upstream's
+(:class:`~torchdata_snapshot.graph_state.resumable.Expander`), which count; a graph that is not made
+resumable as a whole gets them in place of upstream's (``with_counting_expander()``). They
+yield what upstream's yield.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
+from torch.utils.data.datapipes.iter.grouping import UnBatcherIterDataPipe
+from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
+from torchdata.dataloader2.graph import DataPipe, replace_dp, traverse_dps
+from torchdata.datapipes.iter import FlatMapper
+
+from torchdata_snapshot.elastic.remaining import Level, sharding_point, skips_of_instance
+from torchdata_snapshot.graph_state.graph_state import RESUMABLE_ADAPTERS
+from torchdata_snapshot.graph_state.readers import READER_EXPANDING, READER_HOLDING_ONE, READER_ONE_TO_ONE
+from torchdata_snapshot.graph_state.resumable import Expander
+from torchdata_snapshot.graph_state.sharding_shift import ShardingShifts
+
+__all__ = [
+    "EXPANDING",
+    "HOLDING_ONE",
+    "ONE_TO_ONE",
+    "ElementProgress",
+    "chain_after",
+    "with_counting_expander",
+]
+
+#: DataPipes that yield one item per element, holding nothing at a yield point, by exact type:
+#: they may also stand between the sharding point and the graph's expander.
+ONE_TO_ONE: Tuple[type, ...] = (MapperIterDataPipe, *READER_ONE_TO_ONE)
+
+#: Expanders: DataPipes that yield several items per element, the same ones each time for the
+#: same element (files unchanged, functions deterministic). One may run after the sharding
+#: point of an elastic graph; a new worker skips the items of its element the user had.
+EXPANDING: Tuple[type, ...] = (*READER_EXPANDING, FlatMapper, UnBatcherIterDataPipe)
+
+#: DataPipes that, after an expander, hold at most the item they took last when they yield (the
+#: first of the next sample or paragraph, an item of the expander's current element).
+HOLDING_ONE: Tuple[type, ...] = READER_HOLDING_ONE
+
+
+def chain_after(sf: DataPipe, end: DataPipe) -> Union[List[DataPipe], DataPipe]:
+    """The DataPipes from ``sf`` (excluded) to ``end``, nearest to ``sf`` first; or, if they are
+    not a chain, the first one from ``end`` that has several sources."""
+    chain: List[DataPipe] = []
+    node = traverse_dps(end)
+    while True:
+        ((dp, parents),) = node.values()
+        if dp is sf:
+            return chain[::-1]
+        if len(parents) != 1:
+            return dp
+        chain.append(dp)
+        node = parents
+
+
+def _expander_at(chain: Sequence[DataPipe]) -> int:
+    """The index of the chain's one expander (upstream's or resumable), or -1 if not one."""
+    found = [i for i, dp in enumerate(chain) if type(dp) in EXPANDING or isinstance(dp, Expander)]
+    return found[0] if len(found) == 1 else -1
+
+
+class ElementProgress:
+    """The expander after a worker graph's sharding filter ``sf`` and the DataPipes after it
+    that may hold one of its items."""
+
+    def __init__(self, expander: Expander, holders: List[DataPipe], sf: ShardingFilterIterDataPipe) -> None:
+        self.expander = expander
+        self.holders = holders
+        self.sf = sf
+
+    @classmethod
+    def of(cls, datapipe: DataPipe, sf: ShardingFilterIterDataPipe) -> Optional[ElementProgress]:
+        """The progress of ``datapipe``'s expander after ``sf``, if it has one (in a chain)."""
+        chain = chain_after(sf, datapipe)
+        at = _expander_at(chain) if isinstance(chain, list) else -1
+        if at < 0 or not isinstance(chain[at], Expander):
+            return None
+        expander, *after = chain[at:]
+        return cls(expander, [dp for dp in after if hasattr(dp, "held_items")], sf)
+
+    def partial(self) -> int:
+        """At a yield point of the graph: the items of the expander's current element handed on
+        and not held after it (those a resume skips)."""
+        return self.expander.element_items() - sum(dp.held_items() for dp in self.holders)
+
+    def skip(self, levels: Sequence[Level], shifts: ShardingShifts) -> None:
+        """Make the expander skip, in this epoch, the items delivered before ``levels`` of each
+        element its sharding filter yields (none without ``levels``: not elastic)."""
+        if not levels:
+            self.expander.skip_per_element(None)
+            return
+        sf = self.sf
+        skips: Dict[int, int] = skips_of_instance(levels, sf.num_of_instances, sf.instance_id)
+        # The element being expanded is the one the filter yielded last (only DataPipes that take
+        # one element at a time stand between them; see _elastic.elastic_refusal).
+        self.expander.skip_per_element(lambda: skips.get(shifts.taken(sf) - 1, 0))
+
+
+def with_counting_expander(datapipe: DataPipe) -> DataPipe:
+    """``datapipe`` (a worker's graph, not made resumable as a whole) with upstream's expander
+    after its sharding filter, and the DataPipes after it that may hold an item, replaced by
+    their resumable equivalents, which count and yield what upstream's yield."""
+    sf = sharding_point(datapipe)
+    chain = [] if sf is None else chain_after(sf, datapipe)
+    at = _expander_at(chain) if isinstance(chain, list) else -1
+    if at < 0:
+        return datapipe
+    graph = traverse_dps(datapipe)
+    for dp in chain[at:]:
+        if type(dp) in EXPANDING or type(dp) in HOLDING_ONE:
+            graph = replace_dp(graph, dp, RESUMABLE_ADAPTERS[type(dp)](dp))
+    return next(iter(graph.values()))[0]

@@ -1,0 +1,453 @@
+"""The resumable equivalents of upstream DataPipes whose state lives in generator frames.
+
+In a worker whose graph can resume from captured states, ``GraphState.make_resumable`` replaces
+each upstream DataPipe of a type in ``ADAPTERS`` by its equivalent here, which keeps that state
+in attributes (see :class:`~torchdata_snapshot.graph_state.resumable.Resumable`) and yields exactly what
+the original yields, epoch after epoch. ``STATELESS`` are the upstream types that hold no state
+at a yield point and stay as they are.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import random
+import warnings
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional
+
+import torch
+from torch.utils.data import IterDataPipe
+from torch.utils.data.datapipes.iter.callable import CollatorIterDataPipe, MapperIterDataPipe
+from torch.utils.data.datapipes.iter.combinatorics import ShufflerIterDataPipe
+from torch.utils.data.datapipes.iter.combining import (
+    ConcaterIterDataPipe,
+    MultiplexerIterDataPipe,
+    ZipperIterDataPipe,
+)
+from torch.utils.data.datapipes.iter.filelister import FileListerIterDataPipe
+from torch.utils.data.datapipes.iter.grouping import BatcherIterDataPipe, UnBatcherIterDataPipe
+from torch.utils.data.datapipes.iter.selecting import FilterIterDataPipe
+from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
+from torchdata.datapipes.iter import Cycler as CyclerIterDataPipe
+from torchdata.datapipes.iter import FlatMapper as FlatMapperIterDataPipe
+from torchdata.datapipes.iter import Header as HeaderIterDataPipe
+
+from torchdata_snapshot._compat import (
+    flatmap_expand,
+    get_file_pathnames_from_root,
+    samples_yielded,
+    shuffler_settings,
+    unbatch_dive,
+)
+from torchdata_snapshot._errors import ChangedFileError
+from torchdata_snapshot.checkpoint.rng_states import pack_python_state, unpack_python_state
+from torchdata_snapshot.graph_state.resumable import Expander, Resumable
+
+__all__ = [
+    "ADAPTERS",
+    "STATELESS",
+    "ResumableConcater",
+    "ResumableCycler",
+    "ResumableFileLister",
+    "ResumableFlatMapper",
+    "ResumableHeader",
+    "ResumableIterableWrapper",
+    "ResumableMultiplexer",
+    "ResumableShuffler",
+    "ResumableUnBatcher",
+]
+
+
+class ResumableIterableWrapper(Resumable):
+    """``IterableWrapper`` over a sequence: its state is the position in it (where this iteration
+    started plus what torch's iterator hook counted since, so no per-item bookkeeping). A
+    resumed iteration starts at the position by indexing, in constant time."""
+
+    STATE = {"position": int}
+
+    def _check_state(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        if state["position"] > len(self.iterable):
+            raise ValueError(f"position {state['position']} is past the end ({len(self.iterable)} items)")
+        return state
+
+    def __init__(self, iterable: Sequence, deepcopy: bool = True) -> None:
+        self.iterable = iterable
+        self.deepcopy = deepcopy
+        self._start = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._take_pending()
+        source = self.iterable
+        if self.deepcopy:
+            try:
+                source = copy.deepcopy(self.iterable)
+            except TypeError:
+                warnings.warn(
+                    "The input iterable can not be deepcopied, "
+                    "please be aware of in-place modification would affect source data.",
+                    stacklevel=2,
+                )
+        self._start = state["position"] if state else 0
+        # Indexing starts at the position in O(1); islice would walk the skipped items.
+        yield from map(source.__getitem__, range(self._start, len(source)))
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"position": self._start + samples_yielded(self)}
+
+    def __len__(self) -> int:
+        return len(self.iterable)
+
+
+class ResumableShuffler(Resumable):
+    """``Shuffler`` with the same reservoir sampling and RNG use; its state is buffer and RNG."""
+
+    STATE = {"enabled": bool, "buffer": list, "rng": tuple}
+
+    def _check_state(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        random.Random().setstate(unpack_python_state(state["rng"]))  # raises for a state that is not one
+        return state
+
+    def __init__(self, datapipe: IterDataPipe, buffer_size: int, enabled: bool, seed: Optional[int]) -> None:
+        self.datapipe = datapipe
+        self.buffer_size = buffer_size
+        self._enabled = enabled
+        self._seed = seed
+        self._rng = random.Random()
+        self._buffer: List[Any] = []
+
+    def set_shuffle(self, shuffle: bool = True) -> ResumableShuffler:
+        self._enabled = shuffle
+        return self
+
+    def set_seed(self, seed: int) -> ResumableShuffler:
+        self._seed = seed
+        return self
+
+    def reset(self) -> None:
+        self._buffer = []
+        if self._enabled:
+            if self._seed is None:
+                self._seed = int(torch.empty((), dtype=torch.int64).random_().item())
+            self._rng.seed(self._seed)
+            self._seed = None
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._take_pending()
+        if state is not None:
+            self._enabled = state["enabled"]
+            self._buffer = list(state["buffer"])
+            self._rng.setstate(unpack_python_state(state["rng"]))
+        if not self._enabled:
+            yield from self.datapipe
+            return
+        for x in self.datapipe:
+            if len(self._buffer) == self.buffer_size:
+                idx = self._rng.randint(0, len(self._buffer) - 1)
+                val, self._buffer[idx] = self._buffer[idx], x
+                yield val
+            else:
+                self._buffer.append(x)
+        while self._buffer:
+            idx = self._rng.randint(0, len(self._buffer) - 1)
+            yield self._buffer.pop(idx)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            "enabled": self._enabled,
+            "buffer": list(self._buffer),
+            "rng": pack_python_state(self._rng.getstate()),
+        }
+
+    def __len__(self) -> int:
+        return len(self.datapipe)
+
+
+class _Expanding(Expander):
+    """A one-to-many DataPipe: each source element expands into items; its state is what is left
+    of the current element's expansion (which therefore is materialized when it starts) and how
+    many of its items were taken."""
+
+    STATE = {"items": list, "took": int}
+
+    datapipe: IterDataPipe
+    _items: Deque[Any] = deque()
+    _took = 0
+
+    def _expand(self, element: Any) -> Iterable[Any]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._take_pending()
+        self._items, self._took = (deque(state["items"]), state["took"]) if state else (deque(), 0)
+        while self._items:
+            self._took += 1
+            yield self._items.popleft()
+        for element in self.datapipe:
+            skip = self.skip_items()
+            self._items, self._took = deque(self._expand(element)), 0
+            while self._items:
+                item = self._items.popleft()
+                self._took += 1
+                if self._took > skip:
+                    yield item
+
+    def element_items(self) -> int:
+        return self._took
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"items": list(self._items), "took": self._took}
+
+
+class ResumableUnBatcher(_Expanding):
+    """``UnBatcher``, through upstream's own expansion."""
+
+    _dive = unbatch_dive
+
+    def __init__(self, datapipe: IterDataPipe, unbatch_level: int) -> None:
+        self.datapipe = datapipe
+        self.unbatch_level = unbatch_level
+        self._items = deque()
+
+    def _expand(self, element: Any) -> Iterable[Any]:
+        return self._dive(element, unbatch_level=self.unbatch_level)
+
+
+class ResumableFlatMapper(_Expanding):
+    """``FlatMapper``: the function is applied through the original DataPipe's ``_apply_fn``
+    (``input_col`` handling included)."""
+
+    def __init__(self, upstream: Any) -> None:
+        self.datapipe = upstream.datapipe
+        self.fn = upstream.fn
+        self.input_col = upstream.input_col
+        self._upstream_apply = flatmap_expand(upstream)
+        self._items = deque()
+
+    def _expand(self, element: Any) -> Iterable[Any]:
+        return self._upstream_apply(self, element)
+
+
+class ResumableHeader(Resumable):
+    """``Header``: its state is how many items it took."""
+
+    STATE = {"taken": int}
+
+    def __init__(self, source_datapipe: IterDataPipe, limit: Optional[int]) -> None:
+        self.source_datapipe = source_datapipe
+        self.limit = limit
+        self._taken = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._take_pending()
+        self._taken = state["taken"] if state else 0
+        for value in self.source_datapipe:
+            self._taken += 1
+            if self.limit is None or self._taken <= self.limit:
+                yield value
+            else:
+                break
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"taken": self._taken}
+
+
+class ResumableCycler(Resumable):
+    """``Cycler``: its state is the cycle in progress (the source holds its own position).
+
+    A loaded state belongs to the pass in progress when it was captured: every later pass
+    iterates the source afresh, so ``on_new_pass`` forgets the states loaded into the source's
+    subgraph before it starts (:meth:`GraphState.make_resumable` sets it).
+    """
+
+    STATE = {"cycle": int}
+
+    def __init__(self, source_datapipe: IterDataPipe, count: Optional[int]) -> None:
+        self.source_datapipe = source_datapipe
+        self.count = count
+        self._cycle = 0
+        # A function, neither a DataPipe nor a collection: graph traversal (which pickles
+        # DataPipes) does not take the DataPipes it refers to for sources.
+        self.on_new_pass: Callable[[], None] = _nothing_loaded
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._take_pending()
+        self._cycle = state["cycle"] if state else 0
+        first_pass = True
+        while self.count is None or self._cycle < self.count:
+            if not first_pass:
+                self.on_new_pass()
+            first_pass = False
+            yield from self.source_datapipe
+            self._cycle += 1
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"cycle": self._cycle}
+
+
+def _nothing_loaded() -> None:
+    """``ResumableCycler.on_new_pass`` outside a :class:`GraphState`: no state was loaded."""
+
+
+class ResumableConcater(Resumable):
+    """``Concater``: its state is the source in progress."""
+
+    STATE = {"index": int}
+
+    def _check_state(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        if state["index"] > len(self.datapipes):
+            raise ValueError(f"source {state['index']} of {len(self.datapipes)} does not exist")
+        return state
+
+    def __init__(self, *datapipes: IterDataPipe) -> None:
+        self.datapipes = datapipes
+        self._index = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._take_pending()
+        self._index = state["index"] if state else 0
+        while self._index < len(self.datapipes):
+            yield from self.datapipes[self._index]
+            self._index += 1
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"index": self._index}
+
+
+class ResumableMultiplexer(Resumable):
+    """``Multiplexer`` (one item from each source per round, until one is exhausted): its state is
+    what is left of the round in progress."""
+
+    STATE = {"round": list}
+
+    def __init__(self, *datapipes: IterDataPipe) -> None:
+        self.datapipes = datapipes
+        self._round: Deque[Any] = deque()
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._take_pending()
+        self._round = deque(state["round"]) if state else deque()
+        iterators = [iter(x) for x in self.datapipes]
+        while self._round:
+            yield self._round.popleft()
+        while iterators:
+            taken = []
+            for it in iterators:
+                try:
+                    taken.append(next(it))
+                except StopIteration:
+                    return
+            self._round = deque(taken)
+            while self._round:
+                yield self._round.popleft()
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"round": list(self._round)}
+
+
+def _listing_digest() -> Any:
+    """A new digest of a listing's paths (one kind and size wherever it is computed or checked)."""
+    return hashlib.blake2b(digest_size=16)
+
+
+def _path_bytes(path: str) -> bytes:
+    """A listed path as bytes for the listing's digest (any name a file system returns)."""
+    return path.encode("utf-8", "surrogateescape") + b"\0"
+
+
+class ResumableFileLister(Resumable):
+    """``FileLister``: its state is the root being listed, how many of its files were yielded and
+    a digest of their paths (the listing is recomputed on restore, not stored). A root that lists
+    other files before that position now (a file added, removed or renamed, another order) is
+    refused when the state is loaded: counting into another listing would skip or repeat files."""
+
+    STATE = {"root": (str, type(None)), "yielded": int, "listed": (str, type(None))}
+    #: The running digest (a hash object does not pickle; the graph is pickled between epochs).
+    TRANSIENT = ("_listed",)
+    _listed = _listing_digest()  # never updated: each root starts its own
+
+    def __init__(self, upstream: FileListerIterDataPipe) -> None:
+        self.datapipe = upstream.datapipe
+        self.masks = upstream.masks
+        self.recursive = upstream.recursive
+        self.abspath = upstream.abspath
+        self.non_deterministic = upstream.non_deterministic
+        self._root: Optional[str] = None
+        self._yielded = 0
+
+    def _list(self, root: str) -> Iterable[str]:
+        return get_file_pathnames_from_root(
+            root, self.masks, self.recursive, self.abspath, self.non_deterministic
+        )
+
+    def _start_root(self, root: str, skip: int = 0) -> Iterator[str]:
+        """The root's listing from its ``skip``-th path on, the digest brought past the others."""
+        self._root, self._yielded, self._listed = root, 0, _listing_digest()
+        for path in self._list(root):
+            self._yielded += 1
+            self._listed.update(_path_bytes(path))
+            if self._yielded > skip:
+                yield path
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if isinstance(state, dict) and set(state) == {"root", "yielded"}:
+            state = {**state, "listed": None}  # a state of an earlier release: no digest to check
+        super().load_state_dict(state)
+
+    def _check_state(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        root, yielded = state["root"], state["yielded"]
+        if root is not None and state["listed"] is not None:
+            listed = _listing_digest()
+            paths = list(itertools.islice(self._list(root), yielded))
+            listed.update(b"".join(map(_path_bytes, paths)))
+            if len(paths) < yielded or listed.hexdigest() != state["listed"]:
+                raise ChangedFileError(
+                    f"{root} lists other files than when the state was taken: the {yielded} it had "
+                    f"handed on are not its first {yielded} now (a file added, removed or renamed); "
+                    f"resuming would skip or repeat files"
+                )
+        return state
+
+    def __iter__(self) -> Iterator[str]:
+        state = self._take_pending()
+        self._root, self._yielded, self._listed = None, 0, _listing_digest()
+        if state and state["root"] is not None:
+            yield from self._start_root(state["root"], skip=state["yielded"])
+        for root in self.datapipe:
+            yield from self._start_root(root)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"root": self._root, "yielded": self._yielded, "listed": self._listed.hexdigest()}
+
+
+def _adapt_iterable_wrapper(dp: IterableWrapperIterDataPipe) -> Optional[IterDataPipe]:
+    iterable = dp.iterable
+    if isinstance(iterable, (Sequence, range)) and not isinstance(iterable, (str, bytes)):
+        return ResumableIterableWrapper(iterable, dp.deepcopy)
+    return None
+
+
+#: Upstream DataPipe type -> a function building its resumable equivalent (or ``None`` when
+#: this instance cannot resume, e.g. an ``IterableWrapper`` over a generator).
+ADAPTERS: Dict[type, Callable[[Any], Optional[IterDataPipe]]] = {
+    IterableWrapperIterDataPipe: _adapt_iterable_wrapper,
+    ShufflerIterDataPipe: lambda dp: ResumableShuffler(dp.datapipe, dp.buffer_size, *shuffler_settings(dp)),
+    UnBatcherIterDataPipe: lambda dp: ResumableUnBatcher(dp.datapipe, dp.unbatch_level),
+    FlatMapperIterDataPipe: ResumableFlatMapper,
+    HeaderIterDataPipe: lambda dp: ResumableHeader(dp.source_datapipe, dp.limit),
+    CyclerIterDataPipe: lambda dp: ResumableCycler(dp.source_datapipe, dp.count),
+    ConcaterIterDataPipe: lambda dp: ResumableConcater(*dp.datapipes),
+    MultiplexerIterDataPipe: lambda dp: ResumableMultiplexer(*dp.datapipes),
+    FileListerIterDataPipe: ResumableFileLister,
+}
+
+#: Upstream DataPipe types that hold no state at a yield point.
+STATELESS = (
+    MapperIterDataPipe,
+    CollatorIterDataPipe,
+    FilterIterDataPipe,
+    BatcherIterDataPipe,
+    ZipperIterDataPipe,
+)

@@ -1,0 +1,85 @@
+"""Self-healing (``restart_dead_workers``): a worker that died is replaced by a new process.
+
+A worker's stream is a deterministic function of its graph and its epoch's seed, so a new
+process can be brought to exactly where the dead one was: it is reset to the epoch, replays
+(inside itself, from the latest graph state when there is one) the items the main process
+already received from the dead one, is paused if the workers are, and gets the credit that was
+outstanding. The data is exactly what the dead worker would have sent.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Tuple, Type
+
+from torchdata_snapshot._errors import ProtocolError, WorkerDiedError
+from torchdata_snapshot.core.main.worker_record import WorkerStream, replay_request
+from torchdata_snapshot.core.messages import (
+    ErrorResponse,
+    GetNextRequest,
+    PauseRequest,
+    PauseResponse,
+    ReplayProgressResponse,
+    ReplayResponse,
+    Request,
+    ResetEpochRequest,
+    ResetEpochResponse,
+    Response,
+)
+from torchdata_snapshot.core.transport.channel import Channel
+
+__all__ = ["WorkerReplacer"]
+
+
+class WorkerReplacer:
+    """Replaces dead workers: ``respawn(worker_id)`` starts a new process and returns its channel;
+    each worker may be replaced ``restarts_allowed`` times per epoch."""
+
+    def __init__(
+        self, respawn: Callable[[int], Channel], restarts_allowed: int, control_timeout_s: float
+    ) -> None:
+        self.respawn = respawn
+        self.restarts_allowed = restarts_allowed
+        self.control_timeout_s = control_timeout_s
+
+    def replace(
+        self,
+        stream: WorkerStream,
+        death: WorkerDiedError,
+        epoch: int,
+        reset: ResetEpochRequest,
+        paused: bool,
+    ) -> None:
+        """Give ``stream`` a new worker, reset by ``reset`` (the epoch's request for this worker)
+        and brought to the stream's position in ``epoch``; raise ``death``'s error again, saying
+        so, once the worker has been replaced too often this epoch."""
+        stream.restarts += 1
+        if stream.restarts > self.restarts_allowed:
+            raise WorkerDiedError(
+                f"{death} (it was restarted {self.restarts_allowed} times this epoch already: giving up)"
+            ) from death
+        stream.channel.close()
+        stream.channel = self.respawn(stream.worker_id)
+        steps: List[Tuple[Request, Type[Response]]] = [
+            (reset, ResetEpochResponse),
+            (replay_request(epoch, stream.position(stream.received)), ReplayResponse),
+        ]
+        if paused:
+            steps.append((PauseRequest(), PauseResponse))
+        for request, expected in steps:
+            stream.channel.send(request)
+            self._await(stream.channel, expected)
+        outstanding = stream.credit.granted - stream.received
+        if outstanding > 0:
+            stream.channel.send(GetNextRequest(epoch, outstanding))
+
+    def _await(self, channel: Channel, expected: Type[Response]) -> None:
+        """Read a new worker's answer to one step (it has no credit yet: it sends nothing else
+        but the progress of a long replay)."""
+        while True:
+            answer = channel.recv(self.control_timeout_s, what=f"{expected.__name__} of a restarted worker")
+            if isinstance(answer, ErrorResponse):
+                answer.exc.reraise()
+            if isinstance(answer, expected):
+                return
+            if not isinstance(answer, ReplayProgressResponse):
+                raise ProtocolError(f"a restarted {channel.name} answered {type(answer).__name__}")

@@ -1,0 +1,1 @@
+"""The tensor pool (optional): recycled shared memory for the tensors of items."""
