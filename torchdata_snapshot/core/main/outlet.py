@@ -17,15 +17,16 @@ that the user reached:
   which the replay must reproduce.
 
 With ``num_workers=0`` and isolated global RNGs (see
-:mod:`torchdata_snapshot.checkpoint.rng_states`), the outlet produces an item when the user
-asks for it, as upstream does (the pipeline's side effects, prints and breakpoints happen in
-step with the training loop, and what the loop sets before ``next()`` reaches that item), with the pipeline's RNG states swapped in for that item only:
-about 25 us per item. With ``read_ahead`` it amortizes the swap instead: it produces items
-ahead, up to ``READ_AHEAD_ITEMS``, ``READ_AHEAD_S`` or ``READ_AHEAD_BYTES`` of data at a time,
-inside one swap, and hands them out one by one. The data are the same either way (the
-pipeline's draws are its own, and each item starts as after a swap of its own:
-:meth:`~torchdata_snapshot.checkpoint.rng_states.IsolatedRNG.next_item`), and so are checkpoints: they count
-what reached the user.
+:mod:`torchdata_snapshot.checkpoint.rng_states`), the outlet produces an item when the user asks
+for it, as upstream does (the pipeline's side effects, prints and breakpoints happen in step
+with the training loop, and what the loop sets before ``next()`` reaches that item), with the
+pipeline's RNG states swapped in for that item only: about 25 us per item. With ``read_ahead``
+it amortizes the swap instead: it produces items ahead, up to ``READ_AHEAD_ITEMS``,
+``READ_AHEAD_S`` or ``READ_AHEAD_BYTES`` of data at a time, inside one swap, and hands them out
+one by one. The data are the same either way (the pipeline's draws are its own, and each item
+starts as after a swap of its own:
+:meth:`~torchdata_snapshot.checkpoint.rng_states.IsolatedRNG.next_item`), and so are
+checkpoints: they count what reached the user.
 """
 
 from __future__ import annotations
