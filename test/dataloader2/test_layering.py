@@ -54,3 +54,18 @@ def test_no_module_imports_a_module_that_imports_it_back() -> None:
     assert "core.reading_service" not in set().union(*(graph[m] for m in graph if m != "__init__")), (
         "only the package's __init__ imports the reading service"
     )
+
+
+#: The optional features' folders: nothing outside a feature's folder imports it (the package's
+#: ``__init__`` imports each one by name to install it).
+OPTIONAL = ("healing",)
+
+
+def test_the_core_and_the_checkpoint_import_no_optional_folder() -> None:
+    graph = imports()
+    for module, imported in graph.items():
+        if module == "__init__":
+            continue
+        home = module.split(".")[0]
+        foreign = sorted(m for m in imported if m.split(".")[0] in OPTIONAL and m.split(".")[0] != home)
+        assert not foreign, f"{module} imports the optional {foreign}: plug it in (core.plugins)"

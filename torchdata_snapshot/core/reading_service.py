@@ -41,6 +41,7 @@ from torchdata_snapshot.core.options import (
     check_start_method,
     check_type,
 )
+from torchdata_snapshot.core.plugins import require
 from torchdata_snapshot.core.session import Session, checkpoint_before_start
 from torchdata_snapshot.tensor_pool.pool import TensorPoolOptions
 
@@ -142,6 +143,8 @@ class MultiProcessingReadingService(
         self.batching = check_type("batching", batching, BatchingOptions)
         self.restore_options = RestoreOptions(verify_replay, max_items_between_captures, stateful)
         self.fault_options = FaultOptions(control_timeout_s, timeout_s, restart_dead_workers)
+        if self.fault_options.restart_dead_workers:
+            require("replacer", "restart_dead_workers")
         self.isolate_rng = bool(isolate_rng)
         self.read_ahead = check_type("read_ahead", read_ahead, bool)
         self.elastic = bool(elastic)

@@ -36,10 +36,10 @@ from torchdata_snapshot.core.messages import (
     ResumeRequest,
     ResumeResponse,
 )
+from torchdata_snapshot.core.plugins import Replacer
 from torchdata_snapshot.core.transport.batches import END, Raised
 from torchdata_snapshot.core.transport.channel import Channel
 from torchdata_snapshot.elastic.remaining import ElasticEpoch
-from torchdata_snapshot.healing.replacer import WorkerReplacer
 
 __all__ = ["WorkerConsumer", "credit_window"]
 
@@ -60,9 +60,8 @@ class WorkerConsumer(IterDataPipe):
         data_timeout_s: bound on waiting for an item (``None``: as long as the worker lives).
         positions: the user's position in each stream, when the reading service tracks it;
             each item handed on is recorded there, and digests and states behind it are dropped.
-        respawn: self-healing: starts a new process for a worker that died and returns its
-            channel (``None``: a death is an error).
-        restarts_allowed: how many times per epoch each worker may be replaced.
+        replacer: self-healing (see :mod:`torchdata_snapshot.core.plugins`): gives a worker that
+            died a new process (``None``: a death is an error).
         small_items_bytes: the window of a stream of small items that travel whole in their
             pickles grows to cover this many of their bytes (see
             :func:`~torchdata_snapshot.core.transport.batches.small_items_window`; ``0``: it does not).
@@ -76,8 +75,7 @@ class WorkerConsumer(IterDataPipe):
         data_timeout_s: Optional[float] = None,
         *,
         positions: Optional[UserPositions] = None,
-        respawn: Optional[Callable[[int], Channel]] = None,
-        restarts_allowed: int = 0,
+        replacer: Optional[Replacer] = None,
         small_items_bytes: int = 0,
     ) -> None:
         if window < 1:
@@ -89,7 +87,6 @@ class WorkerConsumer(IterDataPipe):
         self.num_workers = len(self.streams)
         self.window = window
         self.positions = positions
-        replacer = None if respawn is None else WorkerReplacer(respawn, restarts_allowed, control_timeout_s)
         self.links = WorkerLinks(self.streams, control_timeout_s, data_timeout_s, positions, replacer)
         self.next_worker = 0
 

@@ -37,7 +37,7 @@ from torchdata_snapshot.core.messages import (
     TerminateRequest,
     TerminateResponse,
 )
-from torchdata_snapshot.healing.replacer import WorkerReplacer
+from torchdata_snapshot.core.plugins import Replacer
 
 __all__ = ["REPLACED", "WorkerLinks"]
 
@@ -56,7 +56,7 @@ class WorkerLinks:
         control_timeout_s: float,
         data_timeout_s: Optional[float],
         positions: Optional[UserPositions],
-        replacer: Optional[WorkerReplacer],
+        replacer: Optional[Replacer],
     ) -> None:
         self.streams = list(streams)
         self.control_timeout_s = control_timeout_s

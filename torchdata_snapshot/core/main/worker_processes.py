@@ -51,6 +51,7 @@ from torchdata_snapshot.core.messages import (
     TerminateResponse,
 )
 from torchdata_snapshot.core.options import FaultOptions, WorkerOptions
+from torchdata_snapshot.core.plugins import Replacer, require
 from torchdata_snapshot.core.transport.channel import Channel
 from torchdata_snapshot.tensor_pool.pool import TensorPoolOptions
 
@@ -177,8 +178,7 @@ class WorkerPool:
             faults.control_timeout_s,
             faults.timeout_s,
             positions=None if not_one_to_one(datapipe, replicable_dp) else UserPositions(num_workers),
-            respawn=launcher.restart_worker if faults.restart_dead_workers else None,
-            restarts_allowed=faults.restart_dead_workers,
+            replacer=_replacer(launcher, faults),
             small_items_bytes=SMALL_ITEMS_PREFETCH_BYTES,
         )
         if replicable_dp is datapipe:
@@ -297,3 +297,11 @@ class WorkerPool:
         self.consumer.close()
         if self.dispatcher is not None:
             self.dispatcher.close()
+
+
+def _replacer(launcher: ProcessLauncher, faults: FaultOptions) -> Optional[Replacer]:
+    """Self-healing when ``restart_dead_workers`` asks for it (the ``healing/`` feature)."""
+    if not faults.restart_dead_workers:
+        return None
+    make = require("replacer", "restart_dead_workers")
+    return make(launcher.restart_worker, faults.restart_dead_workers, faults.control_timeout_s)
