@@ -25,7 +25,6 @@ from torchdata_snapshot._errors import (
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 from torchdata_snapshot.core.options import BatchingOptions
 from torchdata_snapshot.core.reading_service import MultiProcessingReadingService
-from torchdata_snapshot.elastic.resume import gather_elastic_state, register_elastic
 from torchdata_snapshot.graph_state.state_functions import register_state_functions
 
 __version__ = "0.1.0"
@@ -47,7 +46,14 @@ __all__ = [
     "WorkerError",
     "WorkerSnapshot",
     "WorkerTimeoutError",
-    "gather_elastic_state",
-    "register_elastic",
     "register_state_functions",
 ]
+
+try:  # elastic resume is optional: without its folder the package has no elastic names
+    from torchdata_snapshot.elastic.resume import gather_elastic_state, register_elastic
+except ModuleNotFoundError as e:  # the package without elastic/ (see torchdata_snapshot.core.plugins)
+    if e.name != "torchdata_snapshot.elastic":
+        raise
+else:
+    __all__ += ["gather_elastic_state", "register_elastic"]
+    __all__.sort()

@@ -32,7 +32,7 @@ from torchdata_snapshot.checkpoint.format import (
     graph_identity,
 )
 from torchdata_snapshot.checkpoint.seeds import seed_state
-from torchdata_snapshot.elastic.remaining import Level
+from torchdata_snapshot.core.messages import Level
 
 GRAPH = GraphIdentity(
     "0123456789abcdef",

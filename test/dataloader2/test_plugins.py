@@ -1,5 +1,6 @@
-"""The optional features plug in: with a feature's folder deleted the package imports and runs,
-and only asking for that feature fails, naming the folder (see the docs' design page)."""
+"""The optional features plug in: with a feature's folder deleted the package imports and runs
+(an epoch, a mid-epoch checkpoint and its exact resume), and only asking for that feature fails,
+naming the folder (see the docs' design page)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import site
 import subprocess
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Dict, List, Sequence
 
 import pytest
 
@@ -19,11 +20,18 @@ from torchdata_snapshot.core import plugins
 
 PACKAGE = Path(torchdata_snapshot.__file__).parent
 
-#: The optional features: their folder, and the field of ``Plugins`` each one fills.
-FEATURES = {"healing": "replacer"}
+#: The optional features: their folder -> the fields of ``Plugins`` it fills.
+FEATURES: Dict[str, List[str]] = {
+    "elastic": ["elastic_start", "elastic_worker"],
+    "healing": ["replacer"],
+}
+
+#: The option of the reading service that asks for each feature.
+OPTIONS = {"elastic": "elastic", "healing": "restart_dead_workers"}
 
 #: Run in a fresh process against a copy of the package without some feature folders: a whole
-#: epoch through two workers, then each feature option asked for.
+#: epoch through two workers, a checkpoint after 7 items resumed in a new DataLoader2, then each
+#: missing feature's option asked for.
 SCRIPT = """
 import operator, sys, warnings
 warnings.simplefilter("ignore")
@@ -35,10 +43,26 @@ from torchdata_snapshot.core.plugins import installed
 
 assert torchdata_snapshot.__file__.startswith(sys.argv[1]), torchdata_snapshot.__file__
 print("installed", sorted(k for k, v in vars(installed()).items() if v is not None))
-dp = IterableWrapper(range(20)).sharding_filter().map(operator.neg)
-dl = DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=2))
-print("epoch", sorted(dl) == sorted(-i for i in range(20)))
+dp = IterableWrapper(range(20)).shuffle().sharding_filter().map(operator.neg)
+
+def loader():
+    dl = DataLoader2(dp, reading_service=MultiProcessingReadingService(num_workers=2))
+    dl.seed(3)
+    return dl
+
+dl = loader()
+reference = list(dl)
+print("epoch", sorted(reference) == sorted(-i for i in range(20)))
 dl.shutdown()
+dl = loader()
+it = iter(dl)
+head = [next(it) for _ in range(7)]
+state = dl.state_dict()
+dl.shutdown()
+resumed = DataLoader2.from_state(state, MultiProcessingReadingService(num_workers=2))
+print("resume", head + list(resumed) == reference)
+resumed.shutdown()
+print("elastic names", hasattr(torchdata_snapshot, "register_elastic"))
 for option in {options}:
     try:
         MultiProcessingReadingService(num_workers=1, **{{option: 1}})
@@ -46,11 +70,9 @@ for option in {options}:
         print("refused", option, e)
 """
 
-#: The option that asks for each feature.
-OPTIONS = {"healing": "restart_dead_workers"}
 
-
-def run_without(tmp_path: Path, missing: Sequence[str]) -> str:
+def run_without(tmp_path: Path, missing: Sequence[str]) -> List[str]:
+    """The script's lines, run against a copy of the package without the folders ``missing``."""
     copy = tmp_path / "site" / "torchdata_snapshot"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", *missing))
     code = SCRIPT.format(options=[OPTIONS[folder] for folder in missing])
@@ -66,7 +88,7 @@ def run_without(tmp_path: Path, missing: Sequence[str]) -> str:
         timeout=240,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    return done.stdout.splitlines()
 
 
 @pytest.mark.parametrize("folder", sorted(FEATURES))
@@ -74,19 +96,21 @@ def test_without_a_feature_folder_the_package_runs_and_refuses_only_that_feature
     tmp_path: Path, folder: str
 ) -> None:
     out = run_without(tmp_path, [folder])
-    assert "epoch True" in out
-    assert f"'{FEATURES[folder]}'" not in out.splitlines()[0], "the deleted feature is not installed"
-    assert f"refused {OPTIONS[folder]} {OPTIONS[folder]} needs torchdata_snapshot.{folder}," in out
+    kept = sorted(field for other, fields in FEATURES.items() if other != folder for field in fields)
+    assert out[:3] == [f"installed {kept}", "epoch True", "resume True"]
+    assert out[3] == f"elastic names {folder != 'elastic'}"
+    assert len(out) == 5 and out[4].startswith(f"refused {OPTIONS[folder]} "), out
+    assert f"needs torchdata_snapshot.{folder}, which this installation" in out[4]
 
 
 def test_without_every_feature_folder_the_package_runs(tmp_path: Path) -> None:
     out = run_without(tmp_path, sorted(FEATURES))
-    assert out.splitlines()[0] == "installed []"
-    assert "epoch True" in out
-    assert out.count("refused") == len(FEATURES)
+    assert out[:4] == ["installed []", "epoch True", "resume True", "elastic names False"]
+    assert [line.split()[1] for line in out[4:]] == [OPTIONS[folder] for folder in sorted(FEATURES)]
 
 
 def test_each_feature_is_found_where_the_core_looks_for_it() -> None:
+    assert sorted(plugins.FEATURES) == sorted(field for fields in FEATURES.values() for field in fields)
     for field, (module, name) in plugins.FEATURES.items():
-        assert module.split(".")[1] in FEATURES, f"{module} is not an optional folder"
+        assert field in FEATURES[module.split(".")[1]], f"{module} is not the folder of {field}"
         assert getattr(plugins.installed(), field) is getattr(importlib.import_module(module), name)

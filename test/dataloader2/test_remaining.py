@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from torchdata.datapipes.iter import IterableWrapper
 
-from torchdata_snapshot.elastic.remaining import Level, Remaining, skips_of_instance
+from torchdata_snapshot.core.messages import Level
+from torchdata_snapshot.elastic.remaining import Remaining, skips_of_instance
 
 #: 2 instances: instance 0 had element 0 whole and 1 item of element 2; instance 1 had 2 items
 #: of element 1 (elements are dealt round-robin: instance i takes j with j % 2 == i).

@@ -14,9 +14,14 @@ from torchdata.datapipes.iter import IterableWrapper
 
 from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
 from torchdata_snapshot.checkpoint.format import Checkpoint, WorkerPosition, graph_identity
-from torchdata_snapshot.checkpoint.restore_plan import PendingRestore, plan_restore, rewind, sharding_of
+from torchdata_snapshot.checkpoint.restore_plan import (
+    PendingRestore,
+    plan_restore,
+    rewind,
+    sharding_of,
+)
 from torchdata_snapshot.checkpoint.seeds import rank_seed_state, seed_state
-from torchdata_snapshot.elastic.remaining import ElasticEpoch, Level
+from torchdata_snapshot.core.messages import ElasticEpoch, Level
 
 BLOB = b"\x80\x05}."
 

@@ -9,7 +9,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Set, Tuple
+from typing import Dict, Iterator, Set, Tuple
 
 from errors import ManifestError
 
@@ -164,7 +164,7 @@ def _package_imports(path: Path, top_level_only: bool = False) -> Set[str]:
     found: Set[str] = set()
     public = public_name_modules()
     tree = ast.parse(path.read_text())
-    for node in tree.body if top_level_only else ast.walk(tree):
+    for node in tree.body if top_level_only else _run_time_nodes(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(f"{PACKAGE}."):
             inside = node.module[len(PACKAGE) + 1 :]
             if module_path(inside).is_file():  # from torchdata_snapshot.core.messages import X
@@ -175,6 +175,17 @@ def _package_imports(path: Path, top_level_only: bool = False) -> Set[str]:
             for alias in node.names:
                 found.add(alias.name if alias.name.startswith("_") else public.get(alias.name, "__init__"))
     return found
+
+
+def _run_time_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:`` (annotations may name the
+    types of modules exported later: they are never imported)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            yield from _run_time_nodes(ast.Module(body=node.orelse, type_ignores=[]))
+            continue
+        yield node
+        yield from _run_time_nodes(node)
 
 
 def helper_files(file: str) -> Set[str]:
@@ -207,7 +218,7 @@ def public_name_modules() -> Dict[str, str]:
     """Each name the package exports -> the module of the package that defines it."""
     tree = ast.parse((PACKAGE_DIR / "__init__.py").read_text())
     names: Dict[str, str] = {}
-    for node in tree.body:
+    for node in ast.walk(tree):  # an optional feature's names are imported in a try
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(f"{PACKAGE}."):
             for alias in node.names:
                 names[alias.asname or alias.name] = node.module[len(PACKAGE) + 1 :]

@@ -84,7 +84,7 @@ from torchdata_snapshot.core.graph import (
     graph_datapipes,
     plain_data,
 )
-from torchdata_snapshot.elastic.remaining import Level
+from torchdata_snapshot.core.messages import Level
 
 __all__ = [
     "FORMAT",
@@ -131,6 +131,7 @@ _KEYS = (
     "ranks",
     "checksum",
 )
+
 _WORKER_KEYS = {"delivered", "digest", "state", "taken", "partial", "opened"}
 
 #: ``(taken, partial)`` of one worker: see :class:`WorkerPosition`.

@@ -17,15 +17,11 @@ from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.random import SeedGenerator
 
 from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
-from torchdata_snapshot.checkpoint.format import Checkpoint, GraphIdentity, WorkerPosition
-from torchdata_snapshot.checkpoint.seeds import (
-    drawn_by_unseeded_dataloader2,
-    load_seed_state,
-    rank_seed_state,
-    seed_state,
-)
-from torchdata_snapshot.elastic.remaining import ElasticEpoch, sharding_layout, sharding_point
-from torchdata_snapshot.elastic.resume import elastic_refusal, replicable_branch, resume_levels
+from torchdata_snapshot.checkpoint.format import Checkpoint, GraphIdentity
+from torchdata_snapshot.checkpoint.seeds import drawn_by_unseeded_dataloader2, load_seed_state, seed_state
+from torchdata_snapshot.core.graph import sharding_layout, sharding_point
+from torchdata_snapshot.core.messages import ElasticEpoch
+from torchdata_snapshot.core.plugins import installed, require
 
 __all__ = ["PendingRestore", "plan_restore", "rewind", "sharding_of"]
 
@@ -73,46 +69,21 @@ def plan_restore(
     else:
         state.check_graph(graph)
         if state.status == "in_epoch":
-            return _elastic_start(state, datapipe, sharding, num_workers)
+            return require("elastic_start", "elastic=True")(state, datapipe, sharding, num_workers)
     if state.status != "in_epoch":
         return None
     if not state.remaining:
         return PendingRestore(state)
+    if installed().elastic_worker is None:
+        raise IncompatibleCheckpointError(
+            "the state was taken in an epoch resumed elastically; its workers resume it with "
+            "torchdata_snapshot.elastic, which this installation lacks"
+        )
     if not num_workers:  # no state of ours: an elastic epoch runs in workers
         raise InvalidCheckpointError(
             "a state taken with num_workers=0 cannot hold the levels of an elastic epoch"
         )
     return PendingRestore(state, ElasticEpoch(state.remaining))
-
-
-def _elastic_start(
-    state: Checkpoint, datapipe: DataPipe, sharding: Tuple[int, int], num_workers: int
-) -> PendingRestore:
-    """The start of ``state``'s epoch for ``num_workers`` workers and this rank, dealing only
-    the elements the user had not received (see :mod:`torchdata_snapshot.elastic.resume`); the graph
-    states the old workers captured give the new ones a head start."""
-    refusal = "elastic resume needs worker processes (num_workers >= 1)" if not num_workers else None
-    refusal = refusal or elastic_refusal(datapipe, replicable_branch(datapipe))
-    if refusal is not None:
-        raise IncompatibleCheckpointError(
-            f"the epoch cannot resume with another number of workers or ranks: {refusal}"
-        )
-    levels = resume_levels(state, datapipe)
-    assert state.sharding is not None  # resume_levels checked it
-    first_instance = state.sharding[1] * state.num_workers
-    head_states = tuple((first_instance + i, w.state[1]) for i, w in enumerate(state.workers) if w.state)
-    start = Checkpoint(
-        num_workers=num_workers,
-        graph=state.graph,
-        epoch=state.epoch,
-        status="in_epoch",
-        # Another rank's state may be loaded: the seeds are put back to this rank's.
-        seed=rank_seed_state(state.seed, sharding[1]) if sharding[0] > 1 and state.seed else state.seed,
-        workers=(WorkerPosition(taken=0),) * num_workers,
-        sharding=sharding,
-        remaining=levels,
-    )
-    return PendingRestore(start, ElasticEpoch(levels, head_states))
 
 
 def rewind(pending: Optional[PendingRestore], seed_generator: SeedGenerator) -> Optional[PendingRestore]:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import pickle
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
 
-from torchdata.dataloader2.graph import DataPipe, list_dps, traverse_dps
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
+from torchdata.dataloader2.graph import DataPipe, find_dps, list_dps, traverse_dps
 
 from torchdata_snapshot._compat import prefetcher_in_progress, samples_yielded
 from torchdata_snapshot._constants import PREFETCHER_PAUSE_CHECK_S
@@ -27,6 +28,8 @@ __all__ = [
     "pausable",
     "paused",
     "plain_data",
+    "sharding_layout",
+    "sharding_point",
 ]
 
 
@@ -175,3 +178,15 @@ def datapipe_state_dicts(datapipes: List[Tuple[str, DataPipe]]) -> Dict[str, Any
             ) from e
         states[key] = state
     return states
+
+
+def sharding_point(datapipe: DataPipe) -> Optional[ShardingFilterIterDataPipe]:
+    """The graph's one sharding filter, or ``None`` if it has none or several."""
+    found = find_dps(traverse_dps(datapipe), ShardingFilterIterDataPipe)
+    return cast(ShardingFilterIterDataPipe, found[0]) if len(found) == 1 else None
+
+
+def sharding_layout(sf: ShardingFilterIterDataPipe) -> Tuple[int, int]:
+    """``(world_size, rank)`` that ``DistributedReadingService`` gave the filter (``(1, 0)``
+    without one)."""
+    return tuple(sf.groups.get(SHARDING_PRIORITIES.DISTRIBUTED, (1, 0)))  # type: ignore[return-value]

@@ -167,16 +167,41 @@ __all__ = [
 
 
 @dataclass(frozen=True)
+class Level:
+    """What the user had received when an epoch was resumed elastically, per sharding instance
+    ``i`` of ``len(whole)``, counted in the sequence the instances shared: ``whole[i]`` elements
+    all of whose items were handed on, and ``partial[i]`` items of the next one (0: none)."""
+
+    whole: Tuple[int, ...]
+    partial: Tuple[int, ...]
+
+    @property
+    def instances(self) -> int:
+        return len(self.whole)
+
+
+@dataclass(frozen=True)
+class ElasticEpoch:
+    """An epoch resumed elastically: its ``levels``, and ``head_states``, the graph states
+    ``(sharding instance, state)`` that the workers before the last level captured in it, from
+    which a new worker may start its pre-sharding part (none for an exact restore of an elastic
+    epoch; see :func:`~torchdata_snapshot.elastic.remaining.load_head_start`)."""
+
+    levels: Tuple[Level, ...]
+    head_states: Tuple[Tuple[int, bytes], ...] = ()
+
+
+@dataclass(frozen=True)
 class ResetEpochRequest(Request):
     """Start epoch ``epoch``: seed the graph, reset its iterator, then wait for ``GetNextRequest``.
-    ``elastic`` (an ``ElasticEpoch``, for an epoch resumed elastically) says which elements of the
+    ``elastic`` (for an epoch resumed elastically) says which elements of the
     epoch remain for the sharding filter to deal, and which captured states may spare running the
     pre-sharding part from the epoch's start (see :mod:`torchdata_snapshot.elastic.remaining`)."""
 
     seed_generator: Any
     iter_reset_fn: Optional[Callable[[Any], Any]]
     epoch: int = 0
-    elastic: Optional[Any] = None
+    elastic: Optional[ElasticEpoch] = None
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,27 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Protocol, Tuple
 
 if TYPE_CHECKING:
-    from torchdata_snapshot._errors import WorkerDiedError
-    from torchdata_snapshot.core.main.worker_record import WorkerStream
-    from torchdata_snapshot.core.messages import ResetEpochRequest
-    from torchdata_snapshot.core.transport.channel import Channel
+    from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
+    from torchdata.dataloader2.graph import DataPipe
 
-__all__ = ["FEATURES", "Plugins", "Replacer", "ReplacerFactory", "installed", "require"]
+    from torchdata_snapshot._errors import WorkerDiedError
+    from torchdata_snapshot.checkpoint.format import Checkpoint
+    from torchdata_snapshot.checkpoint.restore_plan import PendingRestore
+    from torchdata_snapshot.core.main.worker_record import WorkerStream
+    from torchdata_snapshot.core.messages import ElasticEpoch, ResetEpochRequest
+    from torchdata_snapshot.core.transport.channel import Channel
+    from torchdata_snapshot.graph_state.graph_state import GraphState
+
+__all__ = [
+    "FEATURES",
+    "ElasticStart",
+    "ElasticWorker",
+    "Plugins",
+    "Replacer",
+    "ReplacerFactory",
+    "installed",
+    "require",
+]
 
 
 class Replacer(Protocol):
@@ -43,17 +58,51 @@ class Replacer(Protocol):
 ReplacerFactory = Callable[[Callable[[int], "Channel"], int, float], Replacer]
 
 
+#: Elastic resume, in restore planning: ``(state, datapipe, sharding, num_workers)`` -> the start
+#: of ``state``'s epoch for another number of workers or ranks (``sharding``: this rank's
+#: ``(world_size, rank)``), or ``IncompatibleCheckpointError`` when it cannot be exact.
+ElasticStart = Callable[["Checkpoint", "DataPipe", Tuple[int, int], int], "PendingRestore"]
+
+
+class ElasticWorker(Protocol):
+    """Elastic resume, in a worker: counts how far into its element the graph's expander is (what
+    each item carries as ``partial``) and, in an epoch resumed elastically, deals only what
+    remains of it."""
+
+    def prepare(self, datapipe: DataPipe) -> DataPipe:
+        """The worker's graph (not resumable as a whole) with an expander that counts."""
+
+    def reset_epoch(
+        self,
+        datapipe: DataPipe,
+        sharding: ShardingFilterIterDataPipe,
+        elastic: Optional[ElasticEpoch],
+        graph_state: GraphState,
+        stateful: bool,
+    ) -> None:
+        """Set up the epoch about to start (``elastic``: it resumes elastically)."""
+
+    def partial(self) -> Optional[int]:
+        """At a yield point: the items of the expander's current element handed on."""
+
+
 @dataclass(frozen=True)
 class Plugins:
     """What the installed features offer; ``None`` where a feature's folder is not there."""
 
     #: ``healing/``: replaces dead workers (``restart_dead_workers``).
     replacer: Optional[ReplacerFactory] = None
+    #: ``elastic/``: restores with another number of workers or ranks (``elastic=True``).
+    elastic_start: Optional[ElasticStart] = None
+    #: ``elastic/``: makes each worker's ``ElasticWorker`` (``() -> ElasticWorker``).
+    elastic_worker: Optional[Callable[[], ElasticWorker]] = None
 
 
 #: Each field of ``Plugins``: the module that offers it and the name it has there.
 FEATURES: Dict[str, Tuple[str, str]] = {
     "replacer": ("torchdata_snapshot.healing.replacer", "WorkerReplacer"),
+    "elastic_start": ("torchdata_snapshot.elastic.planner", "elastic_start"),
+    "elastic_worker": ("torchdata_snapshot.elastic.worker", "ShardingProgress"),
 }
 
 

@@ -148,6 +148,8 @@ class MultiProcessingReadingService(
         self.isolate_rng = bool(isolate_rng)
         self.read_ahead = check_type("read_ahead", read_ahead, bool)
         self.elastic = bool(elastic)
+        if self.elastic:
+            require("elastic_start", "elastic=True")
         self.tensor_pool = check_type("tensor_pool", tensor_pool, bool)
         TensorPoolOptions(1, tensor_pool_slot_bytes)  # validates it
         self.tensor_pool_slot_bytes = tensor_pool_slot_bytes

@@ -23,7 +23,7 @@ from torchdata_snapshot.checkpoint.seeds import advance_epoch_seed, seed_state
 from torchdata_snapshot.core.graph import graph_datapipes, pausable, pause_datapipe, paused
 from torchdata_snapshot.core.main.outlet import Outlet
 from torchdata_snapshot.core.main.runtime import Runtime
-from torchdata_snapshot.elastic.remaining import ElasticEpoch
+from torchdata_snapshot.core.messages import ElasticEpoch
 
 __all__ = ["Session", "checkpoint_before_start"]
 
@@ -57,7 +57,7 @@ class Session:
     epoch: int = NO_EPOCH
     pending: Optional[PendingRestore] = None
     epoch_seed: Optional[dict] = None  # SeedGenerator state at the start of the epoch
-    elastic: Optional[ElasticEpoch] = None  # the epoch resumed elastically (see _elastic)
+    elastic: Optional[ElasticEpoch] = None  # the epoch resumed elastically (see the elastic/ folder)
     paused: bool = False
     main_datapipes: List[DataPipe] = field(init=False)  # what runs in this process
 

@@ -24,7 +24,9 @@ from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 from torchdata.dataloader2.graph import DataPipe, replace_dp, traverse_dps
 from torchdata.datapipes.iter import FlatMapper
 
-from torchdata_snapshot.elastic.remaining import Level, sharding_point, skips_of_instance
+from torchdata_snapshot.core.graph import sharding_point
+from torchdata_snapshot.core.messages import Level
+from torchdata_snapshot.elastic.remaining import skips_of_instance
 from torchdata_snapshot.graph_state.graph_state import RESUMABLE_ADAPTERS
 from torchdata_snapshot.graph_state.readers import READER_EXPANDING, READER_HOLDING_ONE, READER_ONE_TO_ONE
 from torchdata_snapshot.graph_state.resumable import Expander

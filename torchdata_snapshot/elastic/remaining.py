@@ -18,41 +18,18 @@ this is exact is the subject of :mod:`torchdata_snapshot.elastic.resume`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict, Iterator, Optional, Sequence, Tuple, cast
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 from torch.utils.data import IterDataPipe
-from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
-from torchdata.dataloader2.graph import DataPipe, find_dps, list_dps, traverse_dps
+from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
+from torchdata.dataloader2.graph import DataPipe, list_dps, traverse_dps
 
 from torchdata_snapshot.core.graph import graph_datapipes
+from torchdata_snapshot.core.messages import ElasticEpoch, Level
 from torchdata_snapshot.graph_state.graph_state import GraphState, unpack_graph_state
 from torchdata_snapshot.graph_state.resumable import Resumable
 
-__all__ = [
-    "ElasticEpoch",
-    "Level",
-    "Remaining",
-    "load_head_start",
-    "set_remaining",
-    "sharding_layout",
-    "sharding_point",
-    "skips_of_instance",
-]
-
-
-@dataclass(frozen=True)
-class Level:
-    """What the user had received when an epoch was resumed elastically, per sharding instance
-    ``i`` of ``len(whole)``, counted in the sequence the instances shared: ``whole[i]`` elements
-    all of whose items were handed on, and ``partial[i]`` items of the next one (0: none)."""
-
-    whole: Tuple[int, ...]
-    partial: Tuple[int, ...]
-
-    @property
-    def instances(self) -> int:
-        return len(self.whole)
+__all__ = ["Remaining", "load_head_start", "set_remaining", "skips_of_instance"]
 
 
 class _Sieve:
@@ -130,12 +107,6 @@ class Remaining(Resumable):
         return {"index": self._index}
 
 
-def sharding_point(datapipe: DataPipe) -> Optional[ShardingFilterIterDataPipe]:
-    """The graph's one sharding filter, or ``None`` if it has none or several."""
-    found = find_dps(traverse_dps(datapipe), ShardingFilterIterDataPipe)
-    return cast(ShardingFilterIterDataPipe, found[0]) if len(found) == 1 else None
-
-
 def set_remaining(sf: ShardingFilterIterDataPipe, levels: Sequence[Level]) -> None:
     """Put a :class:`Remaining` for ``levels`` right below ``sf`` (replacing one put there
     before); without levels, take it away."""
@@ -143,23 +114,6 @@ def set_remaining(sf: ShardingFilterIterDataPipe, levels: Sequence[Level]) -> No
     if isinstance(source, Remaining):
         source = source.source
     sf.source_datapipe = Remaining(source, levels) if levels else source
-
-
-def sharding_layout(sf: ShardingFilterIterDataPipe) -> Tuple[int, int]:
-    """``(world_size, rank)`` that ``DistributedReadingService`` gave the filter (``(1, 0)``
-    without one)."""
-    return tuple(sf.groups.get(SHARDING_PRIORITIES.DISTRIBUTED, (1, 0)))  # type: ignore[return-value]
-
-
-@dataclass(frozen=True)
-class ElasticEpoch:
-    """An epoch resumed elastically: its ``levels``, and ``head_states``, the graph states
-    ``(sharding instance, state)`` that the workers before the last level captured in it, from
-    which a new worker may start its pre-sharding part (:func:`load_head_start`; none for an
-    exact restore of an elastic epoch)."""
-
-    levels: Tuple[Level, ...]
-    head_states: Tuple[Tuple[int, bytes], ...] = ()
 
 
 def _first_remaining_bound(level: Level) -> int:

@@ -42,8 +42,8 @@ from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheck
 from torchdata_snapshot.checkpoint.format import FORMAT, Checkpoint, ShardingProgress
 from torchdata_snapshot.checkpoint.positions import ONE_TO_ONE_TAIL, not_one_to_one
 from torchdata_snapshot.core.graph import describe_datapipe
+from torchdata_snapshot.core.messages import Level
 from torchdata_snapshot.elastic.element_progress import EXPANDING, HOLDING_ONE, ONE_TO_ONE, chain_after
-from torchdata_snapshot.elastic.remaining import Level
 
 __all__ = [
     "ELASTIC_AFTER_SHARDING",

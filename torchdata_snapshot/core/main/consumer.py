@@ -23,6 +23,7 @@ from torchdata_snapshot.checkpoint.positions import UserPositions
 from torchdata_snapshot.core.main.links import WorkerLinks
 from torchdata_snapshot.core.main.worker_record import WorkerStream, replay_request
 from torchdata_snapshot.core.messages import (
+    ElasticEpoch,
     GetNextRequest,
     GetStateRequest,
     GetStateResponse,
@@ -39,7 +40,6 @@ from torchdata_snapshot.core.messages import (
 from torchdata_snapshot.core.plugins import Replacer
 from torchdata_snapshot.core.transport.batches import END, Raised
 from torchdata_snapshot.core.transport.channel import Channel
-from torchdata_snapshot.elastic.remaining import ElasticEpoch
 
 __all__ = ["WorkerConsumer", "credit_window"]
 

@@ -40,6 +40,7 @@ from torchdata_snapshot.core.graph import (
     graph_datapipes,
     pausable,
     paused,
+    sharding_point,
 )
 from torchdata_snapshot.core.messages import (
     ErrorResponse,
@@ -59,6 +60,7 @@ from torchdata_snapshot.core.messages import (
     WorkerExceptionResponse,
 )
 from torchdata_snapshot.core.options import WorkerOptions
+from torchdata_snapshot.core.plugins import ElasticWorker, installed
 from torchdata_snapshot.core.serving import ServingLoop
 from torchdata_snapshot.core.transport.batches import QueuedItem
 from torchdata_snapshot.core.transport.channel import (
@@ -71,8 +73,6 @@ from torchdata_snapshot.core.transport.channel import (
 from torchdata_snapshot.core.transport.item_codec import ItemEncoder, ItemPool
 from torchdata_snapshot.core.transport.outbox import Outbox
 from torchdata_snapshot.core.worker.dispatcher import DispatchedSource, find_dispatched_sources
-from torchdata_snapshot.elastic.element_progress import ElementProgress, with_counting_expander
-from torchdata_snapshot.elastic.remaining import load_head_start, set_remaining, sharding_point
 from torchdata_snapshot.graph_state.capture import CapturePacer
 from torchdata_snapshot.graph_state.file_origins import check_opened, pack_opened
 from torchdata_snapshot.graph_state.graph_state import GraphState
@@ -134,11 +134,14 @@ class WorkerLoop(ServingLoop):
         self.stateful = False
         self.graph_state = GraphState(state_functions)
         self.pacer = CapturePacer(options.restore.max_items_between_captures, time.perf_counter)
+        # Elastic resume's part, when its folder is there (see torchdata_snapshot.core.plugins).
+        make_elastic = installed().elastic_worker
+        self._elastic: Optional[ElasticWorker] = None if make_elastic is None else make_elastic()
         if self.init_error is None:
             try:
                 self.datapipe, self.stateful = _maybe_resumable(datapipe, options, self.graph_state)
-                if not self.stateful:
-                    self.datapipe = with_counting_expander(self.datapipe)
+                if not self.stateful and self._elastic is not None:
+                    self.datapipe = self._elastic.prepare(self.datapipe)
             except StateCaptureError:
                 where = f"in {self.name} while preparing stateful restore"
                 self.init_error = ExceptionWrapper(where=where)
@@ -149,7 +152,6 @@ class WorkerLoop(ServingLoop):
         # found at each epoch's reset (the reset function may replace DataPipes of the graph).
         self._sharding: Optional[ShardingFilterIterDataPipe] = None
         self._taken_before = 0  # graph_state.sharding.taken_before(self._sharding), once per iteration
-        self._progress: Optional[ElementProgress] = None  # its expander's, if it has one
         self._openers = self._find_openers()  # the graph's file openers (stateful graphs only)
 
     # --- main loop ------------------------------------------------------------------------------
@@ -233,7 +235,7 @@ class WorkerLoop(ServingLoop):
             if self.digest is not None:
                 self.digest = chain(self.digest, item)
             taken = None if self._sharding is None else self._taken_before + samples_yielded(self._sharding)
-            partial = None if self._progress is None else self._progress.partial()
+            partial = None if self._elastic is None else self._elastic.partial()
             shared, slot = self.encoder.shared, self.encoder.slot
             opened = self._take_opened() if self._openers else None
             self.outbox.put_item(
@@ -307,18 +309,12 @@ class WorkerLoop(ServingLoop):
             self.options.custom_reset_fn,
         )
         self._sharding, self._taken_before = self._find_sharding_point(), 0
-        elastic = request.elastic
-        self._progress = None
-        if self._sharding is not None:
-            levels = elastic.levels if elastic is not None else ()
-            set_remaining(self._sharding, levels)
-            self._progress = ElementProgress.of(self.datapipe, self._sharding)
-            if self._progress is not None:
-                self._progress.skip(levels, self.graph_state.sharding)
-            if elastic is not None and elastic.head_states and self.stateful:
-                load_head_start(self.datapipe, self._sharding, elastic, self.graph_state)
-        elif elastic is not None:
+        if request.elastic is not None and (self._sharding is None or self._elastic is None):
             raise ProtocolError(f"{self.name}: an elastic epoch needs the graph's one sharding filter")
+        if self._sharding is not None and self._elastic is not None:
+            self._elastic.reset_epoch(
+                self.datapipe, self._sharding, request.elastic, self.graph_state, self.stateful
+            )
         self._graph = graph_datapipes(self.datapipe)
         self._openers = self._find_openers()
         self._take_opened()  # (of an epoch that is over)
