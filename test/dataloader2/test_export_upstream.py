@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Dict, Iterator, List
+from typing import Callable, Dict, Iterator, List
 
 import pytest
 import torchdata
@@ -36,6 +36,12 @@ IDENTITY = {
     "GIT_COMMITTER_NAME": "t",
     "GIT_COMMITTER_EMAIL": "t@t",
 }
+
+
+def series_test(test: Callable[..., None]) -> Callable[..., None]:
+    """A test of the series (``upstream_series``); the first one to run makes it (see ``series``),
+    which takes minutes on a busy machine: it gets more than the suite's 300 s per test."""
+    return pytest.mark.timeout(1200)(pytest.mark.upstream_series(test))
 
 
 def tool(name: str) -> ModuleType:
@@ -147,7 +153,7 @@ def test_the_manifest_refuses_a_module_exported_before_what_it_imports() -> None
         manifest.check(type(loaded)(**{**loaded.__dict__, "commits": early}))
 
 
-@pytest.mark.upstream_series
+@series_test
 def test_the_series_has_the_shape_a_reviewer_asked_for(series: Path) -> None:
     check = tool("check")
     report = check.Report()
@@ -161,7 +167,7 @@ def test_the_series_has_the_shape_a_reviewer_asked_for(series: Path) -> None:
     assert "hypothesis" in (series / "test" / "requirements.txt").read_text().split()
 
 
-@pytest.mark.upstream_series
+@series_test
 def test_every_commit_imports_on_its_own(series: Path) -> None:
     check = tool("check")
     report = check.Report()
@@ -169,7 +175,7 @@ def test_every_commit_imports_on_its_own(series: Path) -> None:
     assert report.problems == []
 
 
-@pytest.mark.upstream_series
+@series_test
 def test_the_series_passes_upstreams_formatters_and_flake8(series: Path, tools_bin: Path) -> None:
     files = [
         p
@@ -193,7 +199,7 @@ def test_the_series_passes_upstreams_formatters_and_flake8(series: Path, tools_b
     )
 
 
-@pytest.mark.upstream_series
+@series_test
 def test_messages_worker_and_reading_service_change_in_place(series: Path) -> None:
     git(series, "checkout", "-q", "series")
     messages = (series / "torchdata/dataloader2/communication/messages.py").read_text()
@@ -209,7 +215,7 @@ def test_messages_worker_and_reading_service_change_in_place(series: Path) -> No
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-@pytest.mark.upstream_series
+@series_test
 def test_the_exported_tree_resumes_mid_epoch(series: Path) -> None:
     git(series, "checkout", "-q", "series")
     code = (
@@ -243,7 +249,7 @@ AT_COMMIT = {
 }
 
 
-@pytest.mark.upstream_series
+@series_test
 @pytest.mark.parametrize("where", sorted(AT_COMMIT))
 def test_the_tests_pass_in_the_exported_tree(series: Path, where: str) -> None:
     commits = git(series, "rev-list", "--reverse", f"{TAG}..series").split()
@@ -269,7 +275,7 @@ def test_the_tests_pass_in_the_exported_tree(series: Path, where: str) -> None:
     assert " passed" in done.stdout
 
 
-@pytest.mark.upstream_series
+@series_test
 def test_the_pull_request_description_lists_the_commits(series: Path) -> None:
     text = (series.parent / "PR.md").read_text()
     count = len(git(series, "rev-list", f"{TAG}..series").split())
