@@ -80,7 +80,7 @@ STRUCTURE = (
                 ("ProcessLauncher", "starts, restarts, stops processes"),
                 ("WorkerConsumer", "round-robin DataPipe, epochs, control"),
                 ("WorkerLinks", "every exchange, bounded waits"),
-                ("WorkerStream (one per worker)", "buffer, counts, credit, digests, states"),
+                ("WorkerRecord (one per worker)", "buffer, counts, credit, digests, states"),
                 ("WorkerReplacer", "self-healing: a new worker, same stream"),
                 ("DispatcherClient", "control of the dispatching process"),
             ],

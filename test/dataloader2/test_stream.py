@@ -12,7 +12,7 @@ from torch.testing._internal.common_utils import TestCase
 
 from torchdata_snapshot._constants import SMALL_ITEMS_MAX_WINDOW
 from torchdata_snapshot.checkpoint.format import WorkerPosition
-from torchdata_snapshot.core.main.worker_record import WorkerStream
+from torchdata_snapshot.core.main.worker_record import WorkerRecord
 from torchdata_snapshot.core.messages import ItemsResponse, StateMarkResponse
 from torchdata_snapshot.core.transport.batches import Credit, QueuedItem, items_message, small_items_window
 from torchdata_snapshot.core.transport.item_codec import ItemEncoder
@@ -48,8 +48,8 @@ def test_without_a_budget_the_window_is_the_prefetch_counts() -> None:
     assert small_items_window(21, 5, False, 0) == 21
 
 
-def stream_after(*messages: ItemsResponse) -> WorkerStream:
-    stream = WorkerStream(0, None, window=21, small_items_bytes=BUDGET)  # type: ignore[arg-type]
+def stream_after(*messages: ItemsResponse) -> WorkerRecord:
+    stream = WorkerRecord(0, None, window=21, small_items_bytes=BUDGET)  # type: ignore[arg-type]
     stream.start(WorkerPosition())
     for message in messages:
         assert stream.file(message, epoch=0)
@@ -136,7 +136,7 @@ class TestFilesOpenedAfterAState(TestCase):
         self.assertEqual([blob for _, blob in stream._opened], [b"f"], "before the state at 3: dropped")
 
     def test_a_restored_stream_starts_with_the_files_its_position_named(self) -> None:
-        stream = WorkerStream(0, None, window=21)  # type: ignore[arg-type]
+        stream = WorkerRecord(0, None, window=21)  # type: ignore[arg-type]
         stream.start(WorkerPosition(5, state=(3, b"state", None), opened=(b"d",)))
         stream.file(self.items(2, ((1, b"g"),)), epoch=0)
         self.assertEqual(stream.position(5).opened, (b"d",), "a checkpoint right after the restore")

@@ -92,7 +92,7 @@ __all__ = [
     "Arguments",
     "Checkpoint",
     "GraphIdentity",
-    "GraphState",
+    "CapturedState",
     "ShardingProgress",
     "WorkerPosition",
     "graph_arguments",
@@ -109,7 +109,7 @@ STATUSES: Tuple[Status, ...] = ("idle", "in_epoch", "finished")
 
 #: ``(position, blob, digest)``: the pickled state of a worker's graph right after its
 #: ``position``-th item, and the stream's running digest there (``None`` if unknown).
-GraphState = Tuple[int, bytes, Optional[str]]
+CapturedState = Tuple[int, bytes, Optional[str]]
 
 _DIGEST = re.compile(r"^[0-9a-f]{16}$")
 _KEYS = (
@@ -150,7 +150,7 @@ class WorkerPosition:
 
     delivered: int = 0
     digest: Optional[str] = None
-    state: Optional[GraphState] = None
+    state: Optional[CapturedState] = None
     taken: Optional[int] = None
     partial: Optional[int] = None
     opened: Tuple[bytes, ...] = ()
@@ -397,7 +397,7 @@ def _digest(value: Any, where: str) -> Optional[str]:
     return value
 
 
-def _graph_state(value: Any, where: str) -> Optional[GraphState]:
+def _graph_state(value: Any, where: str) -> Optional[CapturedState]:
     if value is None:
         return None
     if (

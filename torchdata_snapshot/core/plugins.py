@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from torchdata_snapshot._errors import WorkerDiedError
     from torchdata_snapshot.checkpoint.format import Checkpoint
     from torchdata_snapshot.checkpoint.restore_plan import PendingRestore
-    from torchdata_snapshot.core.main.worker_record import WorkerStream
+    from torchdata_snapshot.core.main.worker_record import WorkerRecord
     from torchdata_snapshot.core.messages import ElasticEpoch, ResetEpochRequest
     from torchdata_snapshot.core.transport.channel import Channel
     from torchdata_snapshot.graph_state.graph_state import GraphState
@@ -45,7 +45,7 @@ class Replacer(Protocol):
 
     def replace(
         self,
-        stream: WorkerStream,
+        stream: WorkerRecord,
         death: WorkerDiedError,
         epoch: int,
         reset: ResetEpochRequest,

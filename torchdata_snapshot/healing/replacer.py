@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable, List, Tuple, Type
 
 from torchdata_snapshot._errors import ProtocolError, WorkerDiedError
-from torchdata_snapshot.core.main.worker_record import WorkerStream, replay_request
+from torchdata_snapshot.core.main.worker_record import WorkerRecord, replay_request
 from torchdata_snapshot.core.messages import (
     ErrorResponse,
     GetNextRequest,
@@ -43,7 +43,7 @@ class WorkerReplacer:
 
     def replace(
         self,
-        stream: WorkerStream,
+        stream: WorkerRecord,
         death: WorkerDiedError,
         epoch: int,
         reset: ResetEpochRequest,

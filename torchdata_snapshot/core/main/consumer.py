@@ -3,7 +3,7 @@
 :class:`WorkerConsumer` replaces upstream's ``_IterateQueueDataPipes`` (and the ``QueueWrapper``
 per worker). It is the DataPipe that stands, in the main process's graph, where the replicable
 branch was: it hands out the workers' items in a fixed round-robin order (one
-:class:`~torchdata_snapshot.core.main.worker_record.WorkerStream` per worker), starts, restores and
+:class:`~torchdata_snapshot.core.main.worker_record.WorkerRecord` per worker), starts, restores and
 controls the workers' epochs, all through :class:`~torchdata_snapshot.core.main.links.WorkerLinks`. See
 NOTE [ Snapshot protocol ] in :mod:`torchdata_snapshot.core.messages`.
 """
@@ -21,7 +21,7 @@ from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 from torchdata_snapshot.checkpoint.format import WorkerPosition
 from torchdata_snapshot.checkpoint.positions import UserPositions
 from torchdata_snapshot.core.main.links import WorkerLinks
-from torchdata_snapshot.core.main.worker_record import WorkerStream, replay_request
+from torchdata_snapshot.core.main.worker_record import WorkerRecord, replay_request
 from torchdata_snapshot.core.messages import (
     ElasticEpoch,
     GetNextRequest,
@@ -81,7 +81,7 @@ class WorkerConsumer(IterDataPipe):
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.streams = [
-            WorkerStream(worker_id, channel, window, small_items_bytes)
+            WorkerRecord(worker_id, channel, window, small_items_bytes)
             for worker_id, channel in enumerate(channels)
         ]
         self.num_workers = len(self.streams)
@@ -143,7 +143,7 @@ class WorkerConsumer(IterDataPipe):
                     self.positions.handed_on(stream.worker_id)
                 return entry
 
-    def _grant(self, stream: WorkerStream) -> None:
+    def _grant(self, stream: WorkerRecord) -> None:
         count = stream.grant()
         if count:
             self.links.send(stream, GetNextRequest(self.epoch, count), heal=True)

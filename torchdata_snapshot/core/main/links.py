@@ -1,7 +1,7 @@
 """``WorkerLinks``: how the main process reads from and talks to its workers.
 
 Every exchange goes through here, under one lock: reading a worker's stream (data and graph
-states are kept in its :class:`~torchdata_snapshot.core.main.worker_record.WorkerStream`, control answers
+states are kept in its :class:`~torchdata_snapshot.core.main.worker_record.WorkerRecord`, control answers
 are returned), sending a request, and asking every worker at once and collecting every answer.
 Every wait is bounded; an exchange that does not complete leaves the links ``broken`` (a message
 may be lost, so nothing is read any more) and the reading service shuts down. A worker found dead
@@ -25,7 +25,7 @@ from torchdata_snapshot._errors import (
     WorkerError,
 )
 from torchdata_snapshot.checkpoint.positions import UserPositions
-from torchdata_snapshot.core.main.worker_record import WorkerStream
+from torchdata_snapshot.core.main.worker_record import WorkerRecord
 from torchdata_snapshot.core.messages import (
     ErrorResponse,
     GetNextRequest,
@@ -52,7 +52,7 @@ class WorkerLinks:
 
     def __init__(
         self,
-        streams: Sequence[WorkerStream],
+        streams: Sequence[WorkerRecord],
         control_timeout_s: float,
         data_timeout_s: Optional[float],
         positions: Optional[UserPositions],
@@ -88,7 +88,7 @@ class WorkerLinks:
 
     # --- one worker -----------------------------------------------------------------------------
 
-    def read(self, stream: WorkerStream, timeout_s: Optional[float], what: str) -> Any:
+    def read(self, stream: WorkerRecord, timeout_s: Optional[float], what: str) -> Any:
         """Read one message of ``stream``: data and states are kept in it (``None`` is returned),
         a control answer is returned, and :data:`REPLACED` if the worker was found dead and replaced.
 
@@ -120,7 +120,7 @@ class WorkerLinks:
         )
         return None
 
-    def send(self, stream: WorkerStream, request: Request, heal: bool) -> Optional[Response]:
+    def send(self, stream: WorkerRecord, request: Request, heal: bool) -> Optional[Response]:
         """Send ``request``; a worker found dead is replaced first if ``heal`` allows it, and the
         request redone (:meth:`_redo`). ``None``, or the answer when the replacement gave it."""
         try:
@@ -133,7 +133,7 @@ class WorkerLinks:
             self._replace(stream, e)
             return self._redo(stream, request)
 
-    def _redo(self, stream: WorkerStream, request: Request) -> Optional[Response]:
+    def _redo(self, stream: WorkerRecord, request: Request) -> Optional[Response]:
         """``request`` to a worker just replaced, which was reset to the epoch, replayed to the
         stream's position, paused if the workers are and given all outstanding credit: an epoch
         reset is done (its answer is returned), credit is not sent again, anything else (a
@@ -144,7 +144,7 @@ class WorkerLinks:
             return None
         return self.send(stream, request, heal=True)
 
-    def await_answer(self, stream: WorkerStream, expected: Type[R], request: Request) -> Response:
+    def await_answer(self, stream: WorkerRecord, expected: Type[R], request: Request) -> Response:
         """Read ``stream`` up to its answer of type ``expected`` (or an ``ErrorResponse``). Items
         read on the way are kept: they precede the answer in the worker's stream."""
         while True:
@@ -223,7 +223,7 @@ class WorkerLinks:
     def _may_replace(self) -> bool:
         return self.replacer is not None and self.in_epoch and not self.closed
 
-    def _replace(self, stream: WorkerStream, death: WorkerDiedError) -> None:
+    def _replace(self, stream: WorkerRecord, death: WorkerDiedError) -> None:
         assert self.replacer is not None
         try:
             self.replacer.replace(

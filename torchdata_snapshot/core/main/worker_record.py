@@ -1,4 +1,4 @@
-"""``WorkerStream``: one worker's stream of items, as the main process keeps it in one epoch.
+"""``WorkerRecord``: one worker's stream of items, as the main process keeps it in one epoch.
 
 The consumer (:mod:`torchdata_snapshot.core.main.consumer`) holds one per worker: its channel, the items
 received and not handed on yet, the credit granted, and what checkpoints and self-healing need
@@ -14,12 +14,12 @@ from collections import deque
 from typing import Any, Deque, Optional, Tuple
 
 from torchdata_snapshot.checkpoint.digest import chain_hex, parse_chain_hex
-from torchdata_snapshot.checkpoint.format import GraphState, WorkerPosition
+from torchdata_snapshot.checkpoint.format import CapturedState, WorkerPosition
 from torchdata_snapshot.core.messages import ItemsResponse, ReplayRequest, Response, StateMarkResponse
 from torchdata_snapshot.core.transport.batches import END, Credit, Raised, file_response, small_items_window
 from torchdata_snapshot.core.transport.channel import Channel
 
-__all__ = ["WorkerStream"]
+__all__ = ["WorkerRecord"]
 
 
 class ItemLog:
@@ -56,7 +56,7 @@ class ItemLog:
             entries.popleft()
 
 
-class WorkerStream:
+class WorkerRecord:
     """Worker ``worker_id``'s stream in the current epoch.
 
     Counters (checked by :meth:`counts_add_up`): ``received`` items read from the pipe,
@@ -85,7 +85,7 @@ class WorkerStream:
         self._digests = ItemLog("Q")  # running digests
         self._taken = ItemLog("q")  # sharding positions (see torchdata_snapshot.elastic.resume)
         self._partial = ItemLog("q")  # and inside the last element (see _element_progress)
-        self._states: Deque[GraphState] = deque()
+        self._states: Deque[CapturedState] = deque()
         # (position, packed FileOrigins): the files the items from the kept state on opened.
         self._opened: Deque[Tuple[int, bytes]] = deque()
 
@@ -169,7 +169,7 @@ class WorkerStream:
         digest = self._digests.at(position)
         return None if digest is None else chain_hex(digest)
 
-    def state_before(self, position: int) -> Optional[GraphState]:
+    def state_before(self, position: int) -> Optional[CapturedState]:
         """The latest graph state captured strictly before ``position``: a restore from it
         replays, and checks, at least the item at ``position``."""
         behind = [state for state in self._states if state[0] < position]

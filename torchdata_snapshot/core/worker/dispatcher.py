@@ -80,7 +80,7 @@ __all__ = [
 
 
 class DispatcherLoop(ServingLoop):
-    """Serves the control endpoint (main process) and one endpoint per worker.
+    """Serves the control channel (main process) and one channel per worker.
 
     Counters for the current epoch: ``produced`` items taken from the graph, ``sent[w]`` items
     sent to worker ``w``; always ``produced == sum(sent) + sum(len(pending))``.
@@ -139,14 +139,14 @@ class DispatcherLoop(ServingLoop):
             if timeout_s:
                 self.control.check_parent()
             return
-        for endpoint in ready:
-            request = endpoint.recv(timeout_s=0)
+        for channel in ready:
+            request = channel.recv(timeout_s=0)
             if request is None:
                 continue
-            if endpoint is self.control:
+            if channel is self.control:
                 self._handle(request)
             else:
-                self._on_worker_request(self.workers.index(endpoint), request)
+                self._on_worker_request(self.workers.index(channel), request)
 
     def _demand(self) -> bool:
         return any(self.credit[w] > len(self.pending[w]) for w in range(self.num_workers))
@@ -192,19 +192,19 @@ class DispatcherLoop(ServingLoop):
     def _send(self) -> None:
         if self.paused or self.iterator is None:
             return
-        for w, endpoint in enumerate(self.workers):
+        for w, channel in enumerate(self.workers):
             pending = self.pending[w]
             while self.credit[w] and pending:
                 limit = min(self.credit[w], self.batching.max_items)
                 batch = take_batch(pending, limit, self.batching.max_bytes)
-                endpoint.send(items_message(batch))
+                channel.send(items_message(batch))
                 self.credit[w] -= len(batch)
                 self.sent[w] += len(batch)
             if self.ended is not None and not pending and not self.end_sent[w]:
                 if self.ended is END:
-                    endpoint.send(StopIterationResponse(self.epoch))
+                    channel.send(StopIterationResponse(self.epoch))
                 else:
-                    endpoint.send(WorkerExceptionResponse(self.ended, epoch=self.epoch))
+                    channel.send(WorkerExceptionResponse(self.ended, epoch=self.epoch))
                 self.end_sent[w] = True
 
     def _on_worker_request(self, worker_id: int, request: Any) -> None:
@@ -226,7 +226,7 @@ class DispatcherLoop(ServingLoop):
     def _pause_response(self) -> PauseResponse:
         return PauseResponse(self.snapshot())  # the dispatcher's side of a consistent cut
 
-    # --- handlers (control endpoint) ------------------------------------------------------------
+    # --- handlers (control channel) ------------------------------------------------------------
 
     def _on_reset_epoch(self, request: ResetEpochRequest) -> None:
         self.iterator = None
@@ -290,8 +290,8 @@ def run_dispatcher(
     ignore_job_signals()
     parent = ParentWatch(parent_pid)
     control.parent = parent
-    for endpoint in workers:
-        endpoint.parent = parent
+    for channel in workers:
+        channel.parent = parent
     loop = DispatcherLoop(
         extract_wrapper(datapipe), control, workers, batching=batching, custom_reset_fn=custom_reset_fn
     )
@@ -299,8 +299,8 @@ def run_dispatcher(
         loop.run()
     finally:
         control.close()
-        for endpoint in workers:
-            endpoint.close()
+        for channel in workers:
+            channel.close()
 
 
 class DispatchedSource(IterDataPipe):
