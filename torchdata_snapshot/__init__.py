@@ -5,7 +5,14 @@ Swap one import::
     from torchdata_snapshot import MultiProcessingReadingService
 
 and every upstream behaviour keeps working, plus :meth:`MultiProcessingReadingService.snapshot`.
+
+The package logs through :mod:`logging`, under the logger ``torchdata_snapshot`` (one child per
+module): each restore at INFO, worker replacements and refused checkpoints at WARNING, nothing at
+INFO while an epoch runs. As libraries do, it only adds a ``NullHandler``: the application
+chooses where records go (``logging.basicConfig(level=logging.INFO)`` shows them).
 """
+
+import logging
 
 from torchdata_snapshot._errors import (
     ChangedFileError,
@@ -28,6 +35,8 @@ from torchdata_snapshot.core.reading_service import MultiProcessingReadingServic
 from torchdata_snapshot.graph_state.state_functions import register_state_functions
 
 __version__ = "0.1.0"
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "BatchingOptions",

@@ -43,6 +43,10 @@ OUTBOX_CLOSE_TIMEOUT_S = 10.0
 #: During a long replay, a worker tells the main process it is alive this often.
 REPLAY_HEARTBEAT_S = 1.0
 
+#: A long replay's progress is logged (at INFO) at most this often, the first time this long
+#: after it started: a replay shorter than this logs only its result.
+REPLAY_PROGRESS_LOG_S = 5.0
+
 # --- pacing ---------------------------------------------------------------------------------
 
 #: While producing, a worker looks for requests after this many items or seconds, whichever

@@ -10,12 +10,51 @@ the result with the one the checkpoint recorded.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any, Callable, Iterator, Optional
 
+from torchdata_snapshot._constants import REPLAY_PROGRESS_LOG_S
 from torchdata_snapshot._errors import ReplayDivergenceError
 from torchdata_snapshot.checkpoint.digest import chain, chain_hex
 
-__all__ = ["replay"]
+__all__ = ["ReplayProgressLog", "replay"]
+
+logger = logging.getLogger(__name__)
+
+
+class ReplayProgressLog:
+    """Logs a long replay's progress at INFO, throttled by time: the first record ``interval_s``
+    (default ``REPLAY_PROGRESS_LOG_S``) after :meth:`start`, then at most one per ``interval_s``
+    however many streams report, so that a replay of minutes says it is alive and one of
+    seconds says nothing until its result."""
+
+    def __init__(
+        self, interval_s: Optional[float] = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.interval_s = REPLAY_PROGRESS_LOG_S if interval_s is None else interval_s
+        self.clock = clock
+        self.start()
+
+    def start(self) -> None:
+        """A replay starts now."""
+        self.started = self.clock()
+        self.due = self.started + self.interval_s
+
+    def report(self, where: str, epoch: int, position: int, target: int) -> None:
+        """``where``'s replay of ``epoch`` has reached item ``position`` of ``target``."""
+        now = self.clock()
+        if now < self.due:
+            return
+        self.due = now + self.interval_s
+        logger.info(
+            "%s: replaying epoch %d, at item %d of %d (%.0f s so far)",
+            where,
+            epoch,
+            position,
+            target,
+            now - self.started,
+        )
 
 
 def replay(

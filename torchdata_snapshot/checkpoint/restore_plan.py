@@ -10,6 +10,7 @@ the elements the user had not received (see :mod:`torchdata_snapshot.elastic.res
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -25,6 +26,8 @@ from torchdata_snapshot.core.plugins import installed, require
 
 __all__ = ["PendingRestore", "plan_restore", "rewind", "sharding_of"]
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class PendingRestore:
@@ -36,6 +39,9 @@ class PendingRestore:
     #: The epoch resumes elastically (its levels, and the graph states that give the new workers
     #: a head start), or ``None``. Never set for ``num_workers=0``: only workers run one.
     elastic: Optional[ElasticEpoch] = None
+    #: ``(num_workers, world_size)`` of the checkpoint when the epoch starts elastically over
+    #: another layout (``None``: the checkpoint's own layout resumes), for the restore's log.
+    resharded_from: Optional[Tuple[int, int]] = None
 
 
 def sharding_of(datapipe: DataPipe) -> Tuple[int, int]:
@@ -63,6 +69,7 @@ def plan_restore(
         state.sharding is None or state.sharding[0] == sharding[0]
     )
     if state.status == "idle" and same_layout:
+        _log_fresh_start(state)
         return None  # nothing of an epoch to resume
     if same_layout or not elastic:
         state.check_fits(num_workers, graph, sharding)
@@ -71,6 +78,7 @@ def plan_restore(
         if state.status == "in_epoch":
             return require("elastic_start", "elastic=True")(state, datapipe, sharding, num_workers)
     if state.status != "in_epoch":
+        _log_fresh_start(state)
         return None
     if not state.remaining:
         return PendingRestore(state)
@@ -84,6 +92,19 @@ def plan_restore(
             "a state taken with num_workers=0 cannot hold the levels of an elastic epoch"
         )
     return PendingRestore(state, ElasticEpoch(state.remaining))
+
+
+def _log_fresh_start(state: Checkpoint) -> None:
+    """A restore with nothing of an epoch to resume says so (the others are logged once their
+    epoch is resumed, with what that took: :mod:`torchdata_snapshot.core.session`)."""
+    if state.status == "idle":
+        logger.info("restoring a checkpoint taken before any epoch: the first epoch starts at its beginning")
+    else:
+        logger.info(
+            "restoring a checkpoint taken after epoch %d ended: epoch %d starts at its beginning",
+            state.epoch,
+            state.epoch + 1,
+        )
 
 
 def rewind(pending: Optional[PendingRestore], seed_generator: SeedGenerator) -> Optional[PendingRestore]:

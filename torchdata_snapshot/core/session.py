@@ -9,6 +9,8 @@ call is one line there and each operation can be tested without DataLoader2.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -27,6 +29,8 @@ from torchdata_snapshot.core.messages import ElasticEpoch
 
 __all__ = ["Session", "checkpoint_before_start"]
 
+logger = logging.getLogger(__name__)
+
 
 #: The graph of a reading service that has not run.
 _NO_GRAPH = GraphIdentity("")
@@ -39,6 +43,53 @@ def checkpoint_before_start(
     run, or of ``graph``, sharded ``sharding``, before its first epoch)."""
     workers = (WorkerPosition(),) * num_workers
     return Checkpoint(num_workers, graph, epoch=NO_EPOCH, workers=workers, sharding=sharding).to_plain()
+
+
+def _log_restore(resume: PendingRestore, epoch: int, seconds: float) -> None:
+    """Say at INFO how ``epoch`` was resumed, how many items the workers replayed for it and what
+    that took (``seconds``: the epoch's reset and the replay, the workers' start not counted).
+    A replay in the main process happens at the first item: the outlet logs it then."""
+    checkpoint = resume.checkpoint
+    if resume.resharded_from is not None:
+        assert resume.elastic is not None  # an elastic start always has its levels
+        old_workers, old_ranks = resume.resharded_from
+        ranks = 1 if checkpoint.sharding is None else checkpoint.sharding[0]
+        logger.info(
+            "restored epoch %d elastically, from %d workers x %d ranks to %d workers x %d ranks: the %d "
+            "elements the user had received whole are skipped and the others dealt over the new workers "
+            "(%d captured states to start from), in %.3f s",
+            epoch,
+            old_workers,
+            old_ranks,
+            checkpoint.num_workers,
+            ranks,
+            sum(resume.elastic.levels[-1].whole),
+            len(resume.elastic.head_states),
+            seconds,
+        )
+        return
+    if checkpoint.replay_in_main and checkpoint.delivered:
+        return  # replayed by the outlet, at the first item
+    replayed = sum(w.delivered - (0 if w.state is None else w.state[0]) for w in checkpoint.workers)
+    started = [w for w in checkpoint.workers if w.delivered]
+    from_states = sum(w.state is not None for w in started)
+    if not started:
+        how = "with nothing to replay"
+    elif from_states == len(started):
+        how = "from captured states"
+    elif not from_states:
+        how = "by replay"
+    else:
+        how = f"from captured states in {from_states} of {len(started)} workers, by replay in the others"
+    logger.info(
+        "restored epoch %d at item %d (%d workers) %s: %d items replayed, in %.3f s",
+        epoch,
+        checkpoint.delivered,
+        checkpoint.num_workers,
+        how,
+        replayed,
+        seconds,
+    )
 
 
 @dataclass
@@ -75,11 +126,16 @@ class Session:
         pending, self.pending = self.pending, None
         resume = rewind(pending, seed_generator)
         self.epoch += 1
+        if pending is not None and resume is None:
+            logger.info("epoch %d of the checkpoint starts again at its beginning, as asked", self.epoch)
         self.epoch_seed = seed_state(seed_generator)
         advance_epoch_seed(seed_generator)
         self.elastic = None if resume is None else resume.elastic
+        started = time.monotonic()
         self.runtime.start_epoch(self.outlet, self.epoch, seed_generator, iter_reset_fn, resume)
         self.outlet.start_epoch_at(self.epoch, None if resume is None else resume.checkpoint)
+        if resume is not None:
+            _log_restore(resume, self.epoch, time.monotonic() - started)
 
     def checkpoint(self) -> Dict[str, Any]:
         """The checkpoint at the user's position, as plain data (see ``_checkpoint``)."""

@@ -45,4 +45,6 @@ def elastic_start(
         sharding=sharding,
         remaining=levels,
     )
-    return PendingRestore(start, ElasticEpoch(levels, head_states))
+    return PendingRestore(
+        start, ElasticEpoch(levels, head_states), resharded_from=(state.num_workers, state.sharding[0])
+    )

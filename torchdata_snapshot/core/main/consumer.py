@@ -186,6 +186,7 @@ class WorkerConsumer(IterDataPipe):
         has one; the round-robin resumes at ``next_worker``. Workers whose stream had ended are
         found again on the way, at the same places."""
         with self.links.lock:
+            self.links.replay_progress.start()
             self.links.request_all(lambda i: replay_request(self.epoch, positions[i]), ReplayResponse)
             self._start_streams(positions, next_worker)
 

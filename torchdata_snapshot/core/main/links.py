@@ -25,11 +25,13 @@ from torchdata_snapshot._errors import (
     WorkerError,
 )
 from torchdata_snapshot.checkpoint.positions import UserPositions
+from torchdata_snapshot.checkpoint.replay import ReplayProgressLog
 from torchdata_snapshot.core.main.worker_record import WorkerRecord
 from torchdata_snapshot.core.messages import (
     ErrorResponse,
     GetNextRequest,
     ReplayProgressResponse,
+    ReplayRequest,
     Request,
     ResetEpochRequest,
     ResetEpochResponse,
@@ -73,6 +75,7 @@ class WorkerLinks:
         # The epoch's streams are set up (its reset has begun): a dead worker may be replaced.
         self.in_epoch = False
         self.reset_requests: Sequence[ResetEpochRequest] = ()  # the epoch's, one per worker
+        self.replay_progress = ReplayProgressLog()  # started by each restore's replay
 
     def check_open(self) -> None:
         if self.closed:
@@ -153,8 +156,13 @@ class WorkerLinks:
                 answer = self._redo(stream, request)
                 if answer is not None:
                     return answer
-            elif response is None or isinstance(response, ReplayProgressResponse):
-                continue  # data on the way, or a long replay that is alive: wait on
+            elif isinstance(response, ReplayProgressResponse):
+                if isinstance(request, ReplayRequest):  # a long replay that is alive: wait on
+                    target = request.skip + (0 if request.state is None else request.state[0])
+                    name, at = stream.channel.name, response.replayed
+                    self.replay_progress.report(name, response.epoch, at, target)
+            elif response is None:
+                continue  # data on the way
             elif isinstance(response, (expected, ErrorResponse)):
                 return response
             else:

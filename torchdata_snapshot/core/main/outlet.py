@@ -31,6 +31,7 @@ checkpoints: they count what reached the user.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Deque, Iterator, List, Optional
@@ -43,10 +44,15 @@ from torchdata_snapshot._constants import NO_EPOCH, READ_AHEAD_BYTES, READ_AHEAD
 from torchdata_snapshot.checkpoint.digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot.checkpoint.format import Checkpoint
 from torchdata_snapshot.checkpoint.positions import UserPositions
-from torchdata_snapshot.checkpoint.replay import replay
+from torchdata_snapshot.checkpoint.replay import ReplayProgressLog, replay
 from torchdata_snapshot.checkpoint.rng_states import IsolatedRNG
 
 __all__ = ["Outlet", "data_bytes"]
+
+logger = logging.getLogger(__name__)
+
+#: A replay in the main process reads the clock for its progress log once per this many items.
+PROGRESS_CHECK_ITEMS = 256
 
 
 class Outlet(IterDataPipe):
@@ -157,20 +163,28 @@ class Outlet(IterDataPipe):
         return len(self.source_datapipe)
 
     def _replay(self, source: Iterator[Any]) -> None:
-        """Drop the ``skip`` items the user already received before the checkpoint."""
+        """Drop the ``skip`` items the user already received before the checkpoint; say at INFO
+        that the epoch was restored so, and what it took (a long replay logs its progress)."""
         skip, expected, self._skip = self._skip, self._skip_digest, 0
-        rng = self.rng
+        rng, epoch, progress = self.rng, self.epoch, ReplayProgressLog()
+
+        def on_item(position: int) -> None:
+            if rng is not None:
+                rng.next_item()
+            if not position % PROGRESS_CHECK_ITEMS:  # (the clock is read every so many items)
+                progress.report("main process", epoch, position, skip)
+
         self._chain = replay(
-            source,
-            0,
-            skip,
-            self._chain,
-            expected,
-            where="main process",
-            epoch=self.epoch,
-            on_item=None if rng is None else lambda _: rng.next_item(),
+            source, 0, skip, self._chain, expected, where="main process", epoch=epoch, on_item=on_item
         )
         self.delivered = skip
+        logger.info(
+            "restored epoch %d at item %d by replay in the main process: %d items replayed, in %.3f s",
+            epoch,
+            skip,
+            skip,
+            progress.clock() - progress.started,
+        )
 
 
 unhooked_iter(Outlet, Outlet._iter)

@@ -1,0 +1,217 @@
+"""What the package logs: each restore at INFO (how, items replayed, time), a long replay's
+progress at INFO (throttled by time), and nothing at INFO while an epoch runs. Records come from
+the package's loggers, under ``torchdata_snapshot``."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, List
+
+import pytest
+from pipelines import rs, take, tiny
+from torchdata.dataloader2 import DataLoader2
+
+import torchdata_snapshot
+from torchdata_snapshot.checkpoint import replay as _replay
+from torchdata_snapshot.checkpoint.format import Checkpoint
+from torchdata_snapshot.checkpoint.replay import ReplayProgressLog
+from torchdata_snapshot.core.main import outlet as _outlet
+from torchdata_snapshot.core.worker import loop as _worker
+
+PACKAGE = "torchdata_snapshot"
+
+
+def records(caplog: pytest.LogCaptureFixture, level: int = logging.INFO) -> List[logging.LogRecord]:
+    """The package's records at ``level`` and above."""
+    return [
+        r
+        for r in caplog.records
+        if (r.name == PACKAGE or r.name.startswith(PACKAGE + ".")) and r.levelno >= level
+    ]
+
+
+def one(caplog: pytest.LogCaptureFixture, pattern: str) -> re.Match:
+    """The match of ``pattern`` in the one record of the package that has it."""
+    found = [m for r in records(caplog, logging.DEBUG) if (m := re.search(pattern, r.getMessage()))]
+    assert len(found) == 1, [r.getMessage() for r in records(caplog, logging.DEBUG)]
+    return found[0]
+
+
+def restored(make_dl: Any, state: Any, service: Any) -> DataLoader2:
+    dl = DataLoader2.from_state(state, service)
+    make_dl.created.append(dl)
+    return dl
+
+
+@pytest.fixture
+def make_dl(make_dl: Any) -> Any:  # type: ignore[override]
+    created: List[DataLoader2] = []
+
+    def make(*args: Any, **kwargs: Any) -> Any:
+        dl = make_dl(*args, **kwargs)
+        created.append(dl)
+        return dl
+
+    make.created = created  # type: ignore[attr-defined]
+    yield make
+    for dl in created:
+        dl.shutdown()
+
+
+def reading_service_state(state: Any) -> Checkpoint:
+    return Checkpoint.from_plain(state["reading_service_state"])
+
+
+def test_the_package_logger_has_a_null_handler_and_no_level_of_its_own() -> None:
+    logger = logging.getLogger(PACKAGE)
+    assert any(isinstance(h, logging.NullHandler) for h in logger.handlers)
+    assert logger.level == logging.NOTSET, "the application sets levels"
+    assert torchdata_snapshot is not None
+
+
+def test_a_replay_restore_logs_how_many_items_it_replayed(
+    make_dl: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    dl = make_dl(tiny(60), rs(2, stateful=False))
+    take(iter(dl), 25)
+    state = dl.state_dict()
+    caplog.set_level(logging.INFO, logger=PACKAGE)
+    dl2 = restored(make_dl, state, rs(2, stateful=False))
+    assert len(list(dl2)) == 35
+    record = next(r for r in records(caplog) if "restored epoch" in r.getMessage())
+    assert record.name == "torchdata_snapshot.core.session" and record.levelno == logging.INFO
+    m = re.fullmatch(
+        r"restored epoch 0 at item 25 \(2 workers\) by replay: (\d+) items replayed, in (\d+\.\d+) s",
+        record.getMessage(),
+    )
+    assert m is not None, record.getMessage()
+    assert int(m[1]) == 25, "each worker replays the items the user had of it"
+    assert float(m[2]) < 60
+
+
+def test_a_captured_state_restore_logs_the_few_items_after_the_state(
+    make_dl: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    dl = make_dl(tiny(200), rs(2, max_items_between_captures=4))
+    take(iter(dl), 120)
+    state = dl.state_dict()
+    workers = reading_service_state(state).workers
+    assert all(w.state is not None for w in workers)
+    expected = sum(w.delivered - w.state[0] for w in workers)  # type: ignore[index]
+    caplog.set_level(logging.INFO, logger=PACKAGE)
+    dl2 = restored(make_dl, state, rs(2))
+    next(iter(dl2))
+    m = one(caplog, r"restored epoch 0 at item 120 \(2 workers\) from captured states: (\d+) items replayed")
+    assert int(m[1]) == expected < 120
+
+
+def test_a_replay_in_the_main_process_is_logged_by_the_outlet(
+    make_dl: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    dl = make_dl(tiny(30), rs(0))
+    take(iter(dl), 12)
+    state = dl.state_dict()
+    caplog.set_level(logging.INFO, logger=PACKAGE)
+    dl2 = restored(make_dl, state, rs(0))
+    assert len(list(dl2)) == 18
+    record = next(r for r in records(caplog) if "restored epoch" in r.getMessage())
+    assert record.name == "torchdata_snapshot.core.main.outlet"
+    assert re.fullmatch(
+        r"restored epoch 0 at item 12 by replay in the main process: 12 items replayed, in \d+\.\d+ s",
+        record.getMessage(),
+    ), record.getMessage()
+
+
+def test_a_checkpoint_taken_between_epochs_says_the_next_epoch_starts_afresh(
+    make_dl: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    dl = make_dl(tiny(20), rs(2))
+    list(dl)
+    state = dl.state_dict()
+    caplog.set_level(logging.INFO, logger=PACKAGE)
+    assert len(list(restored(make_dl, state, rs(2)))) == 20
+    one(caplog, r"^restoring a checkpoint taken after epoch 0 ended: epoch 1 starts at its beginning$")
+
+
+def test_an_elastic_restore_logs_both_layouts_and_what_it_skips(
+    make_dl: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    dl = make_dl(tiny(60), rs(2))
+    take(iter(dl), 20)
+    state = dl.state_dict()
+    caplog.set_level(logging.INFO, logger=PACKAGE)
+    dl2 = restored(make_dl, state, rs(3, elastic=True))
+    assert len(list(dl2)) == 40
+    one(
+        caplog,
+        r"^restored epoch 0 elastically, from 2 workers x 1 ranks to 3 workers x 1 ranks: the 20 elements "
+        r"the user had received whole are skipped",
+    )
+
+
+def test_steady_state_iteration_logs_nothing_at_info(make_dl: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger=PACKAGE)
+    dl = make_dl(tiny(100), rs(2, max_items_between_captures=4))
+    for _ in range(2):  # epochs
+        for i, _item in enumerate(dl):
+            if i % 10 == 0:
+                dl.state_dict()
+                dl.reading_service.snapshot()
+    assert records(caplog) == [], [r.getMessage() for r in records(caplog)]
+
+
+@pytest.mark.parametrize("context", ["fork"])  # the patched heartbeat reaches fork's workers
+def test_a_long_replay_in_the_workers_logs_its_progress(
+    make_dl: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, context: str
+) -> None:
+    dl = make_dl(tiny(40), rs(1, stateful=False, multiprocessing_context=context))
+    take(iter(dl), 30)
+    state = dl.state_dict()
+    monkeypatch.setattr(_worker, "REPLAY_HEARTBEAT_S", 0.0)  # a progress message after every item
+    monkeypatch.setattr(_replay, "REPLAY_PROGRESS_LOG_S", 0.0)  # and every one of them logged
+    caplog.set_level(logging.INFO, logger=PACKAGE)
+    dl2 = restored(make_dl, state, rs(1, stateful=False, multiprocessing_context=context))
+    assert len(list(dl2)) == 10
+    progress = [r for r in records(caplog) if r.name == "torchdata_snapshot.checkpoint.replay"]
+    assert progress, "a progress record"
+    for record in progress:
+        message = record.getMessage()
+        m = re.fullmatch(r"worker 0: replaying epoch 0, at item (\d+) of 30 \(\d+ s so far\)", message)
+        assert m is not None and 1 <= int(m[1]) <= 30, message
+
+
+def test_a_long_replay_in_the_main_process_logs_its_progress(
+    make_dl: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dl = make_dl(tiny(30), rs(0))
+    take(iter(dl), 20)
+    state = dl.state_dict()
+    monkeypatch.setattr(_replay, "REPLAY_PROGRESS_LOG_S", 0.0)
+    monkeypatch.setattr(_outlet, "PROGRESS_CHECK_ITEMS", 5)
+    caplog.set_level(logging.INFO, logger=PACKAGE)
+    list(restored(make_dl, state, rs(0)))
+    progress = [r.getMessage() for r in records(caplog) if r.name == "torchdata_snapshot.checkpoint.replay"]
+    assert progress == [
+        f"main process: replaying epoch 0, at item {i} of 20 ({0:.0f} s so far)" for i in (5, 10, 15, 20)
+    ]
+
+
+def test_replay_progress_is_throttled_by_time(caplog: pytest.LogCaptureFixture) -> None:
+    now = [100.0]
+    progress = ReplayProgressLog(interval_s=5.0, clock=lambda: now[0])
+    caplog.set_level(logging.INFO, logger=PACKAGE)
+    for step in range(1, 41):  # 20 s of a replay, four streams reporting every half second
+        now[0] = 100.0 + step / 2
+        for worker in range(4):
+            progress.report(f"worker {worker}", 3, step * 10, 400)
+    messages = [r.getMessage() for r in records(caplog)]
+    assert messages == [
+        "worker 0: replaying epoch 3, at item 100 of 400 (5 s so far)",
+        "worker 0: replaying epoch 3, at item 200 of 400 (10 s so far)",
+        "worker 0: replaying epoch 3, at item 300 of 400 (15 s so far)",
+        "worker 0: replaying epoch 3, at item 400 of 400 (20 s so far)",
+    ]
+    progress.start()  # the next replay waits its first interval again
+    progress.report("worker 1", 4, 1, 2)
+    assert len(records(caplog)) == 4
