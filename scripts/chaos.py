@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import multiprocessing
 import os
 import pickle
@@ -40,7 +41,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 warnings.filterwarnings("ignore", message=r"(?s).*'dataloader2' modules are deprecated")
 
@@ -176,14 +177,32 @@ class Killer(threading.Thread):
             self.kill_one()
 
 
+@contextlib.contextmanager
+def restarts_logged() -> Iterator[List[int]]:
+    """The pids of the dead workers the reading service restarts inside the block (it logs each
+    restart at WARNING)."""
+    pids: List[int] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if m := re.search(r"\(pid (\d+)\) died .* restarting it", record.getMessage()):
+                pids.append(int(m[1]))
+
+    handler, logger = Collect(), logging.getLogger("torchdata_snapshot")
+    logger.addHandler(handler)
+    try:
+        yield pids
+    finally:
+        logger.removeHandler(handler)
+
+
 def chaos_workers(args: argparse.Namespace) -> int:
     expected = reference(args)
     rng = random.Random(args.seed)
     between = rng.sample(range(1, args.epochs), min(args.kills // 5, args.epochs - 1))
     killer = Killer([rng.randrange(1, len(expected)) for _ in range(args.kills - len(between))], args.seed)
     got: Batches = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", RuntimeWarning)
+    with restarts_logged() as restarted:
         rs = reading_service(args, restart_dead_workers=args.kills + 1)
         with contextlib.ExitStack() as stack:
             dl = stack.enter_context(DataLoader2(build(args), reading_service=rs))  # (a copy of rs)
@@ -208,9 +227,6 @@ def chaos_workers(args: argparse.Namespace) -> int:
                 killer.advance(epoch, step, [w.pid for w in dl.reading_service.snapshot()])
                 killer.join(0.05)
             dl.reading_service.snapshot()  # a worker killed last is found (and replaced)
-    restarted = [
-        int(m[1]) for w in caught if (m := re.search(r"\(pid (\d+)\) died .* restarting it", str(w.message)))
-    ]
     restarts = len(restarted)
     per_epoch = [sum(e == epoch for e, _, _ in killer.killed) for epoch in range(args.epochs)]
     print(f"workers: {len(killer.killed)} workers SIGKILLed at random moments "

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import multiprocessing
 import os
 import random
+import re
 import signal
 import time
 from typing import Any, Callable, Dict, Iterator, List, Tuple
@@ -369,6 +372,26 @@ def wait_for_fifo(fifo: str, timeout_s: float) -> bool:
 
 
 # --- faults ----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def restarts_logged(match: str = "restarting it") -> Iterator[List[str]]:
+    """The messages of the worker restarts (self-healing) the package logs at WARNING inside the
+    block that match ``match``; none is an ``AssertionError`` (as ``pytest.warns`` has it)."""
+    messages: List[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno >= logging.WARNING and re.search(match, record.getMessage()):
+                messages.append(record.getMessage())
+
+    handler, logger = Collect(), logging.getLogger("torchdata_snapshot")
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+    assert messages, f"no worker restart matching {match!r} was logged"
 
 
 def kill_once_at(marker: str, k: int, x: int) -> int:

@@ -18,7 +18,7 @@ from contract import Config, Resumer, ResumeTask, encode_state, reference, take_
 from elastic_pipelines import ElasticDoubling
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pipelines import double, kill_once_at_reset, moved_onto, pipeline, rs, split, take, tiny
+from pipelines import double, kill_once_at_reset, moved_onto, pipeline, restarts_logged, rs, split, take, tiny
 from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
 
@@ -301,7 +301,7 @@ def test_a_worker_replaced_in_an_elastic_epoch_keeps_its_elements(
     marker = tmp_path / "kill"
     marker.touch()
     reset_fn = functools.partial(kill_once_at_reset, str(marker))
-    with pytest.warns(RuntimeWarning, match="died .*restarting it"):
+    with restarts_logged("died .*restarting it"):
         after = list(restore(state, rs(3, elastic=True, restart_dead_workers=1, worker_reset_fn=reset_fn)))
     assert not marker.exists(), "no worker was killed"
     assert Counter(elements(before + after)) == Counter(elements(epoch))

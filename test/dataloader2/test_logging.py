@@ -1,16 +1,19 @@
 """What the package logs: each restore at INFO (how, items replayed, time), a long replay's
-progress at INFO (throttled by time), and nothing at INFO while an epoch runs. Records come from
-the package's loggers, under ``torchdata_snapshot``."""
+progress at INFO (throttled by time), worker replacements at WARNING, and nothing at INFO while
+an epoch runs. Records come from the package's loggers, under ``torchdata_snapshot``."""
 
 from __future__ import annotations
 
 import logging
 import re
+from functools import partial
+from pathlib import Path
 from typing import Any, List
 
 import pytest
-from pipelines import rs, take, tiny
+from pipelines import double, kill_once_at, rs, take, tiny
 from torchdata.dataloader2 import DataLoader2
+from torchdata.datapipes.iter import IterableWrapper
 
 import torchdata_snapshot
 from torchdata_snapshot.checkpoint import replay as _replay
@@ -215,3 +218,28 @@ def test_replay_progress_is_throttled_by_time(caplog: pytest.LogCaptureFixture) 
     progress.start()  # the next replay waits its first interval again
     progress.report("worker 1", 4, 1, 2)
     assert len(records(caplog)) == 4
+
+
+def test_a_replaced_worker_is_logged_at_warning_and_its_replay_at_info(
+    make_dl: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    marker = tmp_path / "kill"
+    marker.touch()
+    datapipe = IterableWrapper(range(60)).sharding_filter().map(partial(kill_once_at, str(marker), 31))
+    caplog.set_level(logging.INFO, logger=PACKAGE)
+    got = list(make_dl(datapipe.map(double), rs(2, restart_dead_workers=2)))
+    assert sorted(got) == [2 * x for x in range(60)] and not marker.exists()
+    warnings = records(caplog, logging.WARNING)
+    assert len(warnings) == 1 and warnings[0].name == "torchdata_snapshot.core.main.launcher"
+    death = re.fullmatch(
+        r"worker 1 \(pid (\d+)\) died \(exit code -9 \(SIGKILL\)\); restarting it and replaying its "
+        r"stream to where it stopped \(restart_dead_workers\)",
+        warnings[0].getMessage(),
+    )
+    assert death is not None, warnings[0].getMessage()
+    m = one(
+        caplog,
+        r"^worker 1 replaced \(pid (\d+), restart 1 of 2 this epoch\): brought to item (\d+) of epoch 0,",
+    )
+    assert m[1] != death[1], "a new process"
+    assert int(m[2]) <= 15, "worker 1 produces item 31 as its 16th"

@@ -18,6 +18,7 @@ from pipelines import (
     kill_once_at_reset,
     megabyte,
     pipeline,
+    restarts_logged,
     rs,
     take,
     worker_processes,
@@ -53,7 +54,7 @@ def test_a_killed_worker_is_replaced_and_the_data_is_exactly_the_same(
     marker = tmp_path / "kill"
     marker.touch()
     dl = make_dl(killing(marker, k), rs(2, restart_dead_workers=1, **config))
-    with pytest.warns(RuntimeWarning, match=RESTARTING):
+    with restarts_logged(RESTARTING):
         got = list(dl)
     assert not marker.exists(), "a worker really died"
     assert got == reference
@@ -66,7 +67,7 @@ def test_kills_at_any_moment_between_items(make_dl: Any) -> None:
     dl = make_dl(pipeline("global_rng", 3000), rs(2, restart_dead_workers=3))
     it = iter(dl)
     got = take(it, 10)
-    with pytest.warns(RuntimeWarning, match="restarting it") as restarts:
+    with restarts_logged() as restarts:
         for victim, steps in [(0, 37), (1, 90), (0, 1)]:
             os.kill(dl.reading_service.snapshot()[victim].pid, signal.SIGKILL)
             got += take(it, steps)
@@ -83,7 +84,7 @@ def test_a_worker_that_keeps_dying_is_given_up_on(make_dl: Any) -> None:
         rs(2, restart_dead_workers=2),
     )
     with (
-        pytest.warns(RuntimeWarning, match="restarting it"),
+        restarts_logged(),
         pytest.raises(WorkerDiedError, match="restarted 2 times this epoch already: giving up"),
     ):
         list(dl)
@@ -95,7 +96,7 @@ def test_a_restart_during_a_snapshot_resends_the_request(make_dl: Any) -> None:
     it = iter(dl)
     got = take(it, 7)
     os.kill(dl.reading_service.snapshot()[1].pid, signal.SIGKILL)
-    with pytest.warns(RuntimeWarning, match="restarting it"):
+    with restarts_logged():
         snaps = dl.reading_service.snapshot()
     assert sum(s.handed_on for s in snaps) == 7
     assert got + list(it) == reference
@@ -119,7 +120,7 @@ def test_a_worker_found_dead_when_sending_it_a_request_is_replaced(make_dl: Any)
     victim = worker_processes(dl)[0]
     os.kill(victim.pid, signal.SIGKILL)
     victim.join(10)  # dead for sure: the request cannot even be written
-    with pytest.warns(RuntimeWarning, match="restarting it"):
+    with restarts_logged():
         dl.reading_service.snapshot()
     assert got + list(it) == reference
 
@@ -134,7 +135,7 @@ def test_a_worker_found_dead_when_granting_it_credit_is_replaced(make_dl: Any) -
     victim = worker_processes(dl)[1]
     os.kill(victim.pid, signal.SIGKILL)
     victim.join(10)  # dead for sure: the next credit for it cannot be written
-    with pytest.warns(RuntimeWarning, match="restarting it"):
+    with restarts_logged():
         got += list(it)
     assert got == reference
 
@@ -150,7 +151,7 @@ def test_a_worker_dead_between_epochs_is_replaced_when_the_next_epoch_starts(mak
     victim = worker_processes(dl)[1]
     os.kill(victim.pid, signal.SIGKILL)
     victim.join(10)  # dead for sure: the epoch's reset cannot even be written
-    with pytest.warns(RuntimeWarning, match=RESTARTING):
+    with restarts_logged(RESTARTING):
         second = list(dl)
     assert [first, second] == reference
 
@@ -162,7 +163,7 @@ def test_a_worker_dying_during_the_epoch_reset_is_replaced(make_dl: Any, tmp_pat
     dl = make_dl(pipeline("global_rng", 100), rs(2, worker_reset_fn=reset_fn, restart_dead_workers=1))
     first = list(dl)
     marker.touch()  # the next reset kills the first worker that reads it
-    with pytest.warns(RuntimeWarning, match=RESTARTING):
+    with restarts_logged(RESTARTING):
         second = list(dl)
     assert not marker.exists(), "a worker really died"
     assert [first, second] == reference
@@ -184,7 +185,7 @@ def test_a_worker_dying_during_the_replay_of_a_restore_is_replaced(
     marker.touch()
     restored = DataLoader2.from_state(state, rs(2, restart_dead_workers=1, **options))
     try:
-        with pytest.warns(RuntimeWarning, match=RESTARTING):
+        with restarts_logged(RESTARTING):
             assert list(restored) == rest
     finally:
         restored.shutdown()
@@ -215,6 +216,6 @@ def test_tensors_in_flight_from_a_killed_worker_are_produced_again_by_its_replac
     doomed = worker_processes(dl)[1]  # item 21 is worker 1's 11th: items 1 .. 19 were sent before
     doomed.join(60)  # bounded: it kills itself at its 11th item, within its credit window
     assert doomed.exitcode == -signal.SIGKILL, "the worker died with unread items in its pipe"
-    with pytest.warns(RuntimeWarning, match=RESTARTING):
+    with restarts_logged(RESTARTING):
         got += [int(t[0]) for t in it]
     assert got == reference

@@ -10,7 +10,7 @@ from typing import Any, List
 import numpy as np
 import pytest
 import torch
-from pipelines import rs, take, tensor_items, worker_processes
+from pipelines import restarts_logged, rs, take, tensor_items, worker_processes
 from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
 
@@ -98,7 +98,7 @@ def test_self_healing_continues_exactly_with_the_pool(make_dl: Any) -> None:
     it = iter(dl)
     got = take(it, 20)
     os.kill(worker_processes(dl)[0].pid, signal.SIGKILL)
-    with pytest.warns(RuntimeWarning, match="restarting it"):
+    with restarts_logged():
         got += list(it)
     assert_equal(got, expected)
 

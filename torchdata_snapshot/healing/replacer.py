@@ -9,9 +9,12 @@ outstanding. The data is exactly what the dead worker would have sent.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Callable, List, Tuple, Type
 
 from torchdata_snapshot._errors import ProtocolError, WorkerDiedError
+from torchdata_snapshot.checkpoint.replay import ReplayProgressLog
 from torchdata_snapshot.core.main.worker_record import WorkerRecord, replay_request
 from torchdata_snapshot.core.messages import (
     ErrorResponse,
@@ -28,6 +31,8 @@ from torchdata_snapshot.core.messages import (
 from torchdata_snapshot.core.transport.channel import Channel
 
 __all__ = ["WorkerReplacer"]
+
+logger = logging.getLogger(__name__)
 
 
 class WorkerReplacer:
@@ -58,23 +63,37 @@ class WorkerReplacer:
                 f"{death} (it was restarted {self.restarts_allowed} times this epoch already: giving up)"
             ) from death
         stream.channel.close()
-        stream.channel = self.respawn(stream.worker_id)
+        started = time.monotonic()
+        stream.channel = self.respawn(stream.worker_id)  # (which logs the death at WARNING)
+        name = f"restarted {stream.channel.name}"
         steps: List[Tuple[Request, Type[Response]]] = [
             (reset, ResetEpochResponse),
             (replay_request(epoch, stream.position(stream.received)), ReplayResponse),
         ]
         if paused:
             steps.append((PauseRequest(), PauseResponse))
+        progress, target = ReplayProgressLog(), stream.received
         for request, expected in steps:
             stream.channel.send(request)
-            self._await(stream.channel, expected)
+            self._await(stream.channel, expected, lambda at: progress.report(name, epoch, at, target))
         outstanding = stream.credit.granted - stream.received
         if outstanding > 0:
             stream.channel.send(GetNextRequest(epoch, outstanding))
+        logger.info(
+            "%s replaced (pid %s, restart %d of %d this epoch): brought to item %d of epoch %d, where the "
+            "dead one was, in %.3f s",
+            stream.channel.name,
+            stream.channel.pid,
+            stream.restarts,
+            self.restarts_allowed,
+            stream.received,
+            epoch,
+            time.monotonic() - started,
+        )
 
-    def _await(self, channel: Channel, expected: Type[Response]) -> None:
+    def _await(self, channel: Channel, expected: Type[Response], progress: Callable[[int], None]) -> None:
         """Read a new worker's answer to one step (it has no credit yet: it sends nothing else
-        but the progress of a long replay)."""
+        but the progress of a long replay, which goes to ``progress``)."""
         while True:
             answer = channel.recv(self.control_timeout_s, what=f"{expected.__name__} of a restarted worker")
             if isinstance(answer, ErrorResponse):
@@ -83,3 +102,4 @@ class WorkerReplacer:
                 return
             if not isinstance(answer, ReplayProgressResponse):
                 raise ProtocolError(f"a restarted {channel.name} answered {type(answer).__name__}")
+            progress(answer.replayed)

@@ -9,10 +9,10 @@ end-of-file here (see NOTE [ Snapshot protocol ] in :mod:`torchdata_snapshot.cor
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 import time
-import warnings
 from multiprocessing.process import BaseProcess
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -30,6 +30,8 @@ from torchdata_snapshot.graph_state.state_functions import StateFunctions
 from torchdata_snapshot.tensor_pool.pool import TensorPool, TensorPoolOptions
 
 __all__ = ["ProcessLauncher", "import_what_workers_seed"]
+
+logger = logging.getLogger(__name__)
 
 
 def import_what_workers_seed(ctx: Any) -> None:
@@ -148,11 +150,12 @@ class ProcessLauncher:
         dead = self.workers[worker_id]
         assert dead is not None
         dead.join(JOIN_TIMEOUT_S)
-        warnings.warn(
-            f"worker {worker_id} (pid {dead.pid}) died ({describe_exit(dead.exitcode)}); restarting it "
-            "and replaying its stream to where it stopped (restart_dead_workers)",
-            RuntimeWarning,
-            stacklevel=2,
+        logger.warning(
+            "worker %d (pid %d) died (%s); restarting it and replaying its stream to where it stopped "
+            "(restart_dead_workers)",
+            worker_id,
+            dead.pid,
+            describe_exit(dead.exitcode),
         )
         if dead.exitcode is not None:
             dead.close()
