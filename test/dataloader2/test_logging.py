@@ -1,6 +1,6 @@
 """What the package logs: each restore at INFO (how, items replayed, time), a long replay's
-progress at INFO (throttled by time), worker replacements at WARNING, and nothing at INFO while
-an epoch runs. Records come from the package's loggers, under ``torchdata_snapshot``."""
+progress at INFO (throttled by time), worker replacements and refused checkpoints at WARNING, and
+nothing at INFO while an epoch runs. Records come from the package's loggers, under ``torchdata_snapshot``."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any, List
 
 import pytest
-from pipelines import double, kill_once_at, rs, take, tiny
+from pipelines import double, kill_once_at, rs, take, tiny, unseeded_noise
 from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
 
 import torchdata_snapshot
+from torchdata_snapshot import IncompatibleCheckpointError, ReplayDivergenceError
 from torchdata_snapshot.checkpoint import replay as _replay
 from torchdata_snapshot.checkpoint.format import Checkpoint
 from torchdata_snapshot.checkpoint.replay import ReplayProgressLog
@@ -243,3 +244,42 @@ def test_a_replaced_worker_is_logged_at_warning_and_its_replay_at_info(
     )
     assert m[1] != death[1], "a new process"
     assert int(m[2]) <= 15, "worker 1 produces item 31 as its 16th"
+
+
+def test_a_refused_checkpoint_is_logged_at_warning_before_any_worker_starts(
+    make_dl: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    dl = make_dl(tiny(40), rs(2))
+    take(iter(dl), 10)
+    state = dl.state_dict()
+    with pytest.raises(IncompatibleCheckpointError):
+        list(restored(make_dl, state, rs(3)))
+    warnings = records(caplog, logging.WARNING)
+    assert [r.name for r in warnings] == ["torchdata_snapshot.checkpoint.restore_plan"]
+    assert (
+        warnings[0]
+        .getMessage()
+        .startswith(
+            "the checkpoint was refused: IncompatibleCheckpointError: the checkpoint was taken with "
+            "num_workers=2, this reading service has num_workers=3"
+        )
+    )
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_replay_that_diverges_is_logged_at_warning(
+    make_dl: Any, caplog: pytest.LogCaptureFixture, num_workers: int
+) -> None:
+    datapipe = IterableWrapper(range(40)).sharding_filter().map(unseeded_noise)
+    dl = make_dl(datapipe, rs(num_workers, stateful=False))
+    take(iter(dl), 10)
+    state = dl.state_dict()
+    with pytest.raises(ReplayDivergenceError):
+        list(restored(make_dl, state, rs(num_workers, stateful=False)))
+    warnings = records(caplog, logging.WARNING)
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert warnings[0].name == "torchdata_snapshot.checkpoint.restore_plan"  # (where refusals are logged)
+    message = warnings[0].getMessage()
+    assert message.startswith(
+        "the checkpoint was refused while epoch 0 was restored: ReplayDivergenceError: "
+    )

@@ -10,23 +10,47 @@ the elements the user had not received (see :mod:`torchdata_snapshot.elastic.res
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, TypeVar
 
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.random import SeedGenerator
 
-from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
+from torchdata_snapshot._errors import CheckpointError, IncompatibleCheckpointError, InvalidCheckpointError
 from torchdata_snapshot.checkpoint.format import Checkpoint, GraphIdentity
 from torchdata_snapshot.checkpoint.seeds import drawn_by_unseeded_dataloader2, load_seed_state, seed_state
 from torchdata_snapshot.core.graph import sharding_layout, sharding_point
 from torchdata_snapshot.core.messages import ElasticEpoch
 from torchdata_snapshot.core.plugins import installed, require
 
-__all__ = ["PendingRestore", "plan_restore", "rewind", "sharding_of"]
+__all__ = ["PendingRestore", "log_refusal", "logs_refusals", "plan_restore", "rewind", "sharding_of"]
 
 logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def log_refusal(error: CheckpointError, when: str = "") -> None:
+    """Say at WARNING that a restore was refused, and why (the error is raised all the same: the
+    record is for the job's log, where the traceback may not end up)."""
+    logger.warning("the checkpoint was refused%s: %s: %s", when, type(error).__name__, error)
+
+
+def logs_refusals(restore: F) -> F:
+    """``restore`` (the reading service's), logging a checkpoint it refuses before any process
+    starts (:func:`log_refusal`)."""
+
+    @functools.wraps(restore)
+    def logged(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return restore(*args, **kwargs)
+        except (InvalidCheckpointError, IncompatibleCheckpointError) as e:
+            log_refusal(e)
+            raise
+
+    return logged  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)

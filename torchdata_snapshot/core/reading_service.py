@@ -30,7 +30,12 @@ from torchdata_snapshot._constants import (
 from torchdata_snapshot._errors import ReadingServiceClosedError, ReadingServiceError
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 from torchdata_snapshot.checkpoint.format import Checkpoint, GraphIdentity, graph_identity
-from torchdata_snapshot.checkpoint.restore_plan import PendingRestore, plan_restore, sharding_of
+from torchdata_snapshot.checkpoint.restore_plan import (
+    PendingRestore,
+    logs_refusals,
+    plan_restore,
+    sharding_of,
+)
 from torchdata_snapshot.core.main.runtime import shut_down_when_broken, start_runtime
 from torchdata_snapshot.core.options import (
     BatchingOptions,
@@ -243,6 +248,7 @@ class MultiProcessingReadingService(
             return checkpoint_before_start(self.num_workers)
         return self._session.checkpoint()
 
+    @logs_refusals
     def restore(self, datapipe: DataPipe, serialized_state: Any) -> DataPipe:
         """Start the service for ``datapipe`` so that its next epoch resumes ``serialized_state``.
 

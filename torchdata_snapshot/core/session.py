@@ -18,9 +18,10 @@ from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.random import SeedGenerator
 
 from torchdata_snapshot._constants import NO_EPOCH
+from torchdata_snapshot._errors import CheckpointError
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 from torchdata_snapshot.checkpoint.format import Checkpoint, GraphIdentity, WorkerPosition
-from torchdata_snapshot.checkpoint.restore_plan import PendingRestore, rewind
+from torchdata_snapshot.checkpoint.restore_plan import PendingRestore, log_refusal, rewind
 from torchdata_snapshot.checkpoint.seeds import advance_epoch_seed, seed_state
 from torchdata_snapshot.core.graph import graph_datapipes, pausable, pause_datapipe, paused
 from torchdata_snapshot.core.main.outlet import Outlet
@@ -132,7 +133,12 @@ class Session:
         advance_epoch_seed(seed_generator)
         self.elastic = None if resume is None else resume.elastic
         started = time.monotonic()
-        self.runtime.start_epoch(self.outlet, self.epoch, seed_generator, iter_reset_fn, resume)
+        try:
+            self.runtime.start_epoch(self.outlet, self.epoch, seed_generator, iter_reset_fn, resume)
+        except CheckpointError as e:  # a file changed, replay diverged, a state did not load
+            if resume is not None:
+                log_refusal(e, f" while epoch {self.epoch} was restored")
+            raise
         self.outlet.start_epoch_at(self.epoch, None if resume is None else resume.checkpoint)
         if resume is not None:
             _log_restore(resume, self.epoch, time.monotonic() - started)

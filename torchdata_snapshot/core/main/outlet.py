@@ -41,10 +41,12 @@ from torchdata.dataloader2.graph import DataPipe
 
 from torchdata_snapshot._compat import unhooked_iter
 from torchdata_snapshot._constants import NO_EPOCH, READ_AHEAD_BYTES, READ_AHEAD_ITEMS, READ_AHEAD_S
+from torchdata_snapshot._errors import CheckpointError
 from torchdata_snapshot.checkpoint.digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot.checkpoint.format import Checkpoint
 from torchdata_snapshot.checkpoint.positions import UserPositions
 from torchdata_snapshot.checkpoint.replay import ReplayProgressLog, replay
+from torchdata_snapshot.checkpoint.restore_plan import log_refusal
 from torchdata_snapshot.checkpoint.rng_states import IsolatedRNG
 
 __all__ = ["Outlet", "data_bytes"]
@@ -174,9 +176,13 @@ class Outlet(IterDataPipe):
             if not position % PROGRESS_CHECK_ITEMS:  # (the clock is read every so many items)
                 progress.report("main process", epoch, position, skip)
 
-        self._chain = replay(
-            source, 0, skip, self._chain, expected, where="main process", epoch=epoch, on_item=on_item
-        )
+        try:
+            self._chain = replay(
+                source, 0, skip, self._chain, expected, where="main process", epoch=epoch, on_item=on_item
+            )
+        except CheckpointError as e:
+            log_refusal(e, f" while epoch {epoch} was restored")
+            raise
         self.delivered = skip
         logger.info(
             "restored epoch %d at item %d by replay in the main process: %d items replayed, in %.3f s",
