@@ -22,6 +22,10 @@ questions that matter on a bad day: "did a process fail?" and "does this checkpo
 Errors raised by the user's own DataPipes inside a worker are re-raised in the main process
 with their original type and the worker's traceback, as upstream DataLoader2 does; they are
 not wrapped in these classes.
+
+Each class has an entry in docs/troubleshooting.rst (what causes it, what to do), whose anchor is
+the class's name in lower case; every message ends by naming it:
+``... (troubleshooting: docs/troubleshooting.rst#workerdiederror)``.
 """
 
 from __future__ import annotations
@@ -43,8 +47,22 @@ __all__ = [
 ]
 
 
+#: The page with an entry for each of these exceptions.
+TROUBLESHOOTING = "docs/troubleshooting.rst"
+
+
 class ReadingServiceError(RuntimeError):
-    """Base class of every exception the reading service raises itself."""
+    """Base class of every exception the reading service raises itself.
+
+    ``str()`` of one ends with the entry of docs/troubleshooting.rst about its class (once: a
+    message that quotes another error of the same class, or an error re-raised from a worker
+    with its traceback, already names it).
+    """
+
+    def __str__(self) -> str:
+        message = super().__str__()
+        entry = f"{TROUBLESHOOTING}#{type(self).__name__.lower()}"
+        return message if entry in message else f"{message} (troubleshooting: {entry})"
 
 
 class WorkerError(ReadingServiceError):
@@ -113,7 +131,9 @@ class IncompatibleCheckpointError(CheckpointError, ValueError):
 class ReplayDivergenceError(CheckpointError):
     """Deterministic replay produced different items than the run that was checkpointed.
 
-    The pipeline is not deterministic for the given seed (for example it reads a file that changed,
-    or uses an unseeded source of randomness). Continuing would silently hand out other data.
-    Pass ``verify_replay=False`` to the reading service to turn the check off.
+    The pipeline is not deterministic for the given seed: the message names the usual causes
+    (``hash()`` of strings without a fixed ``PYTHONHASHSEED``, an unseeded source of randomness, a
+    file that changed). Continuing would silently hand out other data. ``verify_replay=False``
+    turns the check off, and with it this protection: a restore then accepts whatever the
+    pipeline produces now.
     """

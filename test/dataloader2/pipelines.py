@@ -332,6 +332,12 @@ def moved_onto(state: Dict[str, Any], datapipe: IterDataPipe) -> Dict[str, Any]:
         dl.shutdown()
 
 
+def hash_tokens(text: str) -> List[int]:
+    """A tokenizer built on ``hash()``: its ids depend on the process's hash salt, fixed only
+    by ``PYTHONHASHSEED`` (the classic pipeline that does not replay in a new process)."""
+    return [hash(word) % 50_000 for word in text.split()]
+
+
 def unseeded_noise(x: int) -> tuple:
     """Not reproducible by any seed: a pipeline using it cannot be replayed."""
     return (x, random.SystemRandom().randint(0, 10**9))

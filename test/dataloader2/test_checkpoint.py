@@ -409,6 +409,6 @@ def test_a_state_of_an_earlier_format_version_is_refused_naming_both(version: in
     old["checksum"] = _checksum(old)
     with pytest.raises(
         InvalidCheckpointError,
-        match=f"format version {version}; this reading service reads version {FORMAT_VERSION}$",
+        match=f"format version {version}; this reading service reads version {FORMAT_VERSION} \\(trouble",
     ):
         Checkpoint.from_plain(old)

@@ -23,8 +23,10 @@ import torch
 from digest_items import padded_arrays
 from torch.testing._internal.common_utils import TestCase
 
+from torchdata_snapshot._errors import ReplayDivergenceError
 from torchdata_snapshot.checkpoint.array_digest import value_digest
 from torchdata_snapshot.checkpoint.digest import item_digest
+from torchdata_snapshot.checkpoint.replay import replay
 
 Point = namedtuple("Point", "x y")
 
@@ -136,3 +138,42 @@ def test_a_tensor_or_array_item_digests_as_its_values() -> None:
     for value in (torch.arange(12.0).reshape(3, 4).t(), numpy.arange(6).reshape(2, 3)[::-1]):
         assert item_digest(value) == value_digest(value)
     assert item_digest([torch.arange(3)]) != value_digest(torch.arange(3)), "a list is more than its item"
+
+
+def divergence() -> str:
+    with pytest.raises(ReplayDivergenceError) as raised:
+        replay(iter([1, 2, 3]), 0, 3, 0, "0" * 16, where="worker 0", epoch=1)
+    return str(raised.value)
+
+
+def test_a_divergence_says_pythonhashseed_is_not_set_and_what_verify_replay_false_costs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    message = divergence()
+    assert message.startswith("worker 0: items 1..3 of epoch 1 replayed differently")
+    assert (
+        "PYTHONHASHSEED is not set, so hash() of a str or bytes differs from one process to the next"
+        in message
+    )
+    assert "a tokenizer, a bucketing or a sampling that uses hash() does not replay" in message
+    assert "an unseeded source of randomness" in message and "a file read that changed" in message
+    assert "verify_replay=False only turns this check off" in message
+    assert "other data than the interrupted run's" in message
+    assert "to continue anyway" not in message, "turning the check off is not the fix"
+    assert message.endswith("(troubleshooting: docs/troubleshooting.rst#replaydivergenceerror)")
+
+
+def test_a_divergence_with_pythonhashseed_set_says_it_must_have_been_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PYTHONHASHSEED", "7")
+    message = divergence()
+    assert "hash() of a str or bytes is fixed here (PYTHONHASHSEED=7)" in message
+    assert "the same PYTHONHASHSEED" in message
+    assert os.environ["PYTHONHASHSEED"] == "7"
+
+
+def test_a_replayed_stream_that_ends_early_names_the_causes_too() -> None:
+    with pytest.raises(ReplayDivergenceError, match="ended after 2 items.*Usual causes: .*PYTHONHASHSEED"):
+        replay(iter([1, 2]), 0, 3, None, None, where="worker 0", epoch=1)

@@ -1,8 +1,10 @@
 """The exception hierarchy: users catch "a process failed" apart from "the checkpoint does not fit"."""
 
 import pickle
+import sys
 
 import pytest
+from torch.utils.data._utils.worker import ExceptionWrapper  # what carries a worker's error
 
 from torchdata_snapshot import _errors as errors
 
@@ -46,4 +48,22 @@ def test_errors_survive_pickling_with_their_message() -> None:
     for name in ERRORS:
         err = getattr(errors, name)("worker 2 (pid 7) exited")
         again = pickle.loads(pickle.dumps(err))
-        assert type(again) is type(err) and str(again) == "worker 2 (pid 7) exited"
+        assert type(again) is type(err) and str(again) == str(err)
+        assert str(again).startswith("worker 2 (pid 7) exited (troubleshooting: ")
+
+
+@pytest.mark.parametrize("name", ERRORS)
+def test_every_message_names_the_troubleshooting_entry_of_its_class_once(name: str) -> None:
+    cls = getattr(errors, name)
+    entry = f"docs/troubleshooting.rst#{name.lower()}"
+    assert str(cls("a cause")) == f"a cause (troubleshooting: {entry})"
+    # A message that quotes another error of its class (a worker that died again) names it once.
+    assert str(cls(f"{cls('a cause')} (and again)")).count(entry) == 1
+    # Raised in a worker, re-raised in the main process with the worker's traceback: once.
+    try:
+        raise cls("a cause")
+    except cls:
+        wrapper = ExceptionWrapper(sys.exc_info(), where="in worker process 0")
+    with pytest.raises(cls) as raised:
+        wrapper.reraise()
+    assert str(raised.value).count(entry) == 1

@@ -122,3 +122,13 @@ def test_elastic_resume_kills_a_2_rank_job_and_resumes_it_with_3(tmp_path: Path)
     assert (
         "exactly once: 1200 elements (40 by 2 ranks before the kill, 1160 by 3 ranks after)" in resumed.stdout
     )
+
+
+def test_every_exception_has_the_troubleshooting_entry_its_messages_name() -> None:
+    from torchdata_snapshot import _errors
+
+    page = (EXAMPLES.parent / _errors.TROUBLESHOOTING).read_text()
+    for name in _errors.__all__:
+        anchor = str(getattr(_errors, name)("x")).rsplit("#", 1)[1].rstrip(")")
+        assert anchor == name.lower()
+        assert f"\n.. _{anchor}:\n\n{name}\n{'~' * len(name)}\n" in page, f"no entry for {name}"

@@ -19,6 +19,7 @@ from pipelines import (
     SystemRandomOrder,
     credit_window_of,
     double,
+    hash_tokens,
     kept_per_worker,
     moved_onto,
     pipeline,
@@ -243,7 +244,7 @@ class TestReaderArgumentsOfARestore(TestCase):
             list(restored(self.make_dl, state))
         self.assertExpectedInline(
             str(raised.exception),
-            """the checkpoint was taken with other arguments of its DataPipes (DataPipe 0:LineReaderIterDataPipe: strip_newline was True in the checkpoint, is False now): restore it with the arguments it was taken with""",  # noqa: E501
+            """the checkpoint was taken with other arguments of its DataPipes (DataPipe 0:LineReaderIterDataPipe: strip_newline was True in the checkpoint, is False now): restore it with the arguments it was taken with (troubleshooting: docs/troubleshooting.rst#incompatiblecheckpointerror)""",  # noqa: E501
         )
         self.assertEqual(set(multiprocessing.active_children()), children, "no worker was started")
 
@@ -282,6 +283,22 @@ def test_a_pipeline_that_does_not_replay_is_detected(make_dl: Any, num_workers: 
         list(restored(make_dl, state, rs(num_workers)))
     unchecked = restored(make_dl, state, rs(num_workers, verify_replay=False))
     assert len(list(unchecked)) == 50
+
+
+def test_a_hash_tokenizer_without_pythonhashseed_is_detected_and_named(
+    make_dl: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The classic divergence: ``hash()`` as tokenizer. Spawned workers take PYTHONHASHSEED from
+    the environment: the run that saves fixes it, the one that restores does not."""
+    texts = IterableWrapper([f"line {i} of some words" for i in range(40)])
+    monkeypatch.setenv("PYTHONHASHSEED", "1")
+    dl = make_dl(texts.sharding_filter().map(hash_tokens), rs(1, multiprocessing_context="spawn"))
+    take(iter(dl), 10)
+    state = dl.state_dict()
+    dl.shutdown()
+    monkeypatch.delenv("PYTHONHASHSEED")
+    with pytest.raises(ReplayDivergenceError, match="PYTHONHASHSEED is not set, so hash\\(\\) of a str"):
+        list(restored(make_dl, state, rs(1, multiprocessing_context="spawn")))
 
 
 #: Where a restore replays: in the workers (by replay, or from states captured after every item),

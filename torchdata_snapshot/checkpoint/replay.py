@@ -11,6 +11,7 @@ the result with the one the checkpoint recorded.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any, Callable, Iterator, Optional
 
@@ -18,7 +19,7 @@ from torchdata_snapshot._constants import REPLAY_PROGRESS_LOG_S
 from torchdata_snapshot._errors import ReplayDivergenceError
 from torchdata_snapshot.checkpoint.digest import chain, chain_hex
 
-__all__ = ["ReplayProgressLog", "replay"]
+__all__ = ["ReplayProgressLog", "divergence_causes", "replay"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,32 @@ class ReplayProgressLog:
         )
 
 
+def divergence_causes() -> str:
+    """What usually makes a pipeline replay other items, the cause this process can see first
+    (``hash()`` of ``str`` and ``bytes`` is salted per process unless ``PYTHONHASHSEED`` fixes
+    it), and what ``verify_replay=False`` would cost."""
+    seed = os.environ.get("PYTHONHASHSEED")
+    if seed is None or seed == "random":
+        hashing = (
+            "PYTHONHASHSEED is not set, so hash() of a str or bytes differs from one process to the "
+            "next: a tokenizer, a bucketing or a sampling that uses hash() does not replay (set "
+            "PYTHONHASHSEED to one value, such as 0, for every run, the one that saves included)"
+        )
+    else:
+        hashing = (
+            f"hash() of a str or bytes is fixed here (PYTHONHASHSEED={seed}): it was the same in the run "
+            "that saved only if that run had the same PYTHONHASHSEED"
+        )
+    return (
+        f"Usual causes: {hashing}; an unseeded source of randomness (random.Random() or "
+        "numpy.random.default_rng() without a seed, os.urandom, uuid.uuid4, the time); a file read "
+        "that changed since the checkpoint; an order that is not fixed (of a set, of os.listdir). "
+        "Remove the cause and restore again: verify_replay=False only turns this check off, and the "
+        "restore then hands out whatever the pipeline produces now, which is other data than the "
+        "interrupted run's"
+    )
+
+
 def replay(
     iterator: Iterator[Any],
     start: int,
@@ -83,7 +110,7 @@ def replay(
             raise ReplayDivergenceError(
                 f"{where}: the replayed stream of epoch {epoch} ended after {position - 1} items, but the "
                 f"checkpoint says the user had received {start + count} of them: the pipeline is not "
-                "deterministic"
+                f"deterministic for its seeds. {divergence_causes()}"
             ) from None
         if digest is not None:
             digest = chain(digest, item)
@@ -93,7 +120,6 @@ def replay(
         raise ReplayDivergenceError(
             f"{where}: items {start + 1}..{start + count} of epoch {epoch} replayed differently from those "
             f"the user received before the checkpoint (running digest {chain_hex(digest)}, recorded "
-            f"{expected}): the pipeline is not deterministic (a file changed? an unseeded random "
-            "source?); pass verify_replay=False to continue anyway"
+            f"{expected}): the pipeline is not deterministic for its seeds. {divergence_causes()}"
         )
     return digest

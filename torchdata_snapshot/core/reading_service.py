@@ -80,7 +80,9 @@ class MultiProcessingReadingService(
         batching: how workers group items into messages (:class:`BatchingOptions`).
         verify_replay: check, on restore, that what is replayed reproduces what the user had
             received (a running digest of each stream); raise
-            :class:`~torchdata_snapshot.ReplayDivergenceError` if it does not.
+            :class:`~torchdata_snapshot.ReplayDivergenceError` if it does not. ``False`` saves
+            the digest's cost and accepts whatever a restore replays: for a pipeline that does
+            not replay, other data than the interrupted run's, without an error.
         stateful: restore from captured graph states where the graph allows it (``None``, the
             default) and replay elsewhere; ``False`` always replays (and captures nothing);
             ``True`` requires it (a graph that cannot is an error at the first ``iter()``).
