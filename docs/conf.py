@@ -25,6 +25,9 @@ html_theme = "alabaster"
 html_static_path: list = []
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
+# Types join the parameters a docstring describes, so that each parameter is listed once, with
+# its type and its description (not a list of types, then one of descriptions).
+autodoc_typehints_description_target = "documented_params"
 napoleon_google_docstring = True
 nitpicky = True
 # Types of torch and torchdata (no network for intersphinx here) and typing internals.

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import List
 
 import pytest
 
@@ -132,3 +135,39 @@ def test_every_exception_has_the_troubleshooting_entry_its_messages_name() -> No
         anchor = str(getattr(_errors, name)("x")).rsplit("#", 1)[1].rstrip(")")
         assert anchor == name.lower()
         assert f"\n.. _{anchor}:\n\n{name}\n{'~' * len(name)}\n" in page, f"no entry for {name}"
+
+
+def described_parameters(docstring: str) -> List[str]:
+    """The names a Google-style docstring describes in its ``Args:`` (and, for a dataclass, its
+    ``Attributes:``) sections, once per description."""
+    names: List[str] = []
+    lines = inspect.cleandoc(docstring).splitlines()
+    for i, line in enumerate(lines):
+        if line.strip() not in ("Args:", "Attributes:"):
+            continue
+        indent = None
+        for entry in lines[i + 1 :]:
+            if entry and not entry.startswith(" "):
+                break
+            m = re.match(r"( +)(\w+)(?: \(.*\))?: ", entry)
+            if m and (indent is None or len(m[1]) == indent):
+                indent = len(m[1])
+                names.append(m[2])
+    return names
+
+
+def test_the_api_reference_describes_each_parameter_once() -> None:
+    """docs/api.rst documents the public names with autodoc, types merged into the parameters
+    the docstring describes: each parameter must be described, once, in ``Args:`` (a
+    ``Keyword Args:`` section would list the keyword-only ones a second time)."""
+    import torchdata_snapshot
+
+    for name in torchdata_snapshot.__all__:
+        obj = getattr(torchdata_snapshot, name)
+        if isinstance(obj, type) and issubclass(obj, BaseException):
+            continue
+        doc = inspect.getdoc(obj) or ""
+        assert "Keyword Args:" not in doc, name
+        parameters = [p for p in inspect.signature(obj).parameters if p != "self"]
+        described = described_parameters(obj.__doc__ or "")
+        assert sorted(described) == sorted(parameters), name

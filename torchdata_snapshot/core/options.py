@@ -59,6 +59,11 @@ class BatchingOptions:
     holds ``max_bytes`` pickled bytes. Slow items therefore go out one by one and tiny items in
     batches, and no item waits for the next one. The dispatching process, which has no outbox
     thread, also sends what it produced after at most ``max_delay_s`` of producing.
+
+    Args:
+        max_items: at most this many items in one message.
+        max_bytes: a message is closed once it holds this many pickled bytes.
+        max_delay_s: the dispatching process sends what it produced after this long at most.
     """
 
     max_items: int = 64

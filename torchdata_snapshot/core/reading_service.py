@@ -65,6 +65,8 @@ class MultiProcessingReadingService(
     where the user stopped. Items move between processes in batches under credit-based flow
     control, without polling.
 
+    The arguments after ``worker_reset_fn`` are keyword-only.
+
     Args:
         num_workers: number of worker processes; ``0`` runs the graph in the main process.
         multiprocessing_context: ``"fork"``, ``"spawn"`` or ``"forkserver"`` (default: the
@@ -75,8 +77,6 @@ class MultiProcessingReadingService(
         worker_init_fn: called in each worker with ``(datapipe, WorkerInfo)`` when it starts.
         worker_reset_fn: called in each worker with ``(datapipe, WorkerInfo, SeedGenerator)`` at
             the start of every epoch.
-
-    Keyword Args:
         batching: how workers group items into messages (:class:`BatchingOptions`).
         verify_replay: check, on restore, that what is replayed reproduces what the user had
             received (a running digest of each stream); raise

@@ -84,6 +84,9 @@ def register_elastic(datapipe_type: _DataPipeType) -> _DataPipeType:
     It is an attribute of the class: declared where the class is defined (as a class decorator:
     ``datapipe_type`` is returned), it holds in every process that imports the class, the
     restoring one among them (the check runs there, before any worker starts).
+
+    Args:
+        datapipe_type: an ``IterDataPipe`` class; returned, so that this works as a decorator.
     """
     if not (isinstance(datapipe_type, type) and issubclass(datapipe_type, IterDataPipe)):
         raise TypeError(f"register_elastic() takes an IterDataPipe class, got {datapipe_type!r:.200}")
@@ -250,6 +253,14 @@ def gather_elastic_state(state_dict: Dict[str, Any], group: Optional[Any] = None
     Collective over ``group`` (default: the whole job, through ``torch.distributed``): every
     rank calls it with its own state dict, at the same step. What travels is a few integers per
     worker. A job of one rank does not need it (its state already holds everything).
+
+    Args:
+        state_dict: this rank's ``DataLoader2.state_dict()``.
+        group: the ``torch.distributed`` process group of the job's ranks (``None``: the default
+            group).
+
+    Returns:
+        ``state_dict`` with every rank's positions; it resumes any rank of the new job.
     """
     import torch.distributed as dist
 

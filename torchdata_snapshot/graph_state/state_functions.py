@@ -58,6 +58,11 @@ def register_state_functions(
     them (a script's ``main()``). There the functions travel pickled, by reference: they must be
     defined at module level (a lambda or a nested function is refused with
     :class:`~torchdata_snapshot.StateCaptureError` when the workers start).
+
+    Args:
+        datapipe_type: the DataPipe class (exactly this one, not its subclasses).
+        state_dict: ``state_dict(dp)``, the picklable state of ``dp`` at a yield point.
+        load_state_dict: ``load_state_dict(dp, state)``, prepares ``dp`` to continue from ``state``.
     """
     setattr(datapipe_type, _REGISTERED, StateFunctions(datapipe_type, state_dict, load_state_dict))
 
