@@ -171,3 +171,15 @@ def test_the_api_reference_describes_each_parameter_once() -> None:
         parameters = [p for p in inspect.signature(obj).parameters if p != "self"]
         described = described_parameters(obj.__doc__ or "")
         assert sorted(described) == sorted(parameters), name
+
+
+def test_the_quickstarts_lines_are_those_of_its_example() -> None:
+    """The quickstart page shows the lines that matter of examples/quickstart.py (which runs
+    above): each of them is a line of the script, so that the page cannot drift from it."""
+    page = (EXAMPLES.parent / "docs" / "quickstart.rst").read_text()
+    block = page.split("from ``examples/quickstart.py``:\n\n.. code-block:: python\n\n", 1)[1]
+    code = [line.strip() for line in block.split("\n\n``python examples/quickstart.py``", 1)[0].splitlines()]
+    script = {line.strip() for line in (EXAMPLES / "quickstart.py").read_text().splitlines()}
+    shown = [line for line in code if line and not line.startswith("#")]
+    assert len(shown) >= 10
+    assert [line for line in shown if line not in script] == []
