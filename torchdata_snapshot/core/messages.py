@@ -137,11 +137,13 @@ from torchdata._utils import ExceptionWrapper
 from torchdata.dataloader2.communication.messages import Request, Response
 
 __all__ = [
+    "ElasticEpoch",
     "ErrorResponse",
     "GetNextRequest",
     "GetStateRequest",
     "GetStateResponse",
     "ItemsResponse",
+    "Level",
     "LimitRequest",
     "LimitResponse",
     "PauseRequest",
