@@ -8,9 +8,15 @@ from torch.utils.data._utils.worker import ExceptionWrapper  # what carries a wo
 
 from torchdata_snapshot import _errors as errors
 
-#: The reading service's exceptions. In torchdata's tree their module (dataloader2/error.py) also
-#: holds upstream's PauseIteration, a StopIteration that signals a pause, not an error.
-ERRORS = [name for name in errors.__all__ if name != "PauseIteration"]
+#: The reading service's exceptions: the classes the module exports. In torchdata's tree their
+#: module (dataloader2/error.py) also holds upstream's PauseIteration, a StopIteration that
+#: signals a pause, not an error, and lists every public name (TROUBLESHOOTING too).
+ERRORS = [
+    name
+    for name in errors.__all__
+    if isinstance(getattr(errors, name), type) and issubclass(getattr(errors, name), BaseException)
+    if name != "PauseIteration"
+]
 
 
 def test_every_error_is_a_reading_service_error_and_a_runtime_error() -> None:
