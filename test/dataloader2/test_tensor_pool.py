@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import io
 import os
+from typing import Any
 
 import numpy as np
 import pytest
@@ -102,7 +103,7 @@ def test_numpy_arrays_cross_in_the_slot_unchanged(array: np.ndarray) -> None:
     (got,) = ItemDecoder.decode(1, encoder.dumps({"x": array}), pool)
     assert encoder.slot == 0 and encoder.shared  # the payload holds a slot reference, not the bytes
     assert type(got["x"]) is np.ndarray and got["x"].dtype == array.dtype and got["x"].shape == array.shape
-    assert np.array_equal(got["x"], array) and got["x"].flags.writeable
+    assert np.array_equal(got["x"], array) and got["x"].flags.writeable == array.flags.writeable
     kept = got.pop("x")
     del got
     gc.collect()
@@ -142,3 +143,49 @@ def test_arrays_that_do_not_qualify_take_the_usual_path(array: np.ndarray) -> No
     assert encoder.slot is None and pool.free_slots() == 1
     assert type(got) is type(array) and got.shape == array.shape
     assert list(got.ravel()) == list(array.ravel())
+
+
+def as_the_usual_path_gives_it(obj: Any) -> Any:
+    """``obj`` through the channel without a pool: pickled as the workers pickle their items."""
+    (got,) = ItemDecoder.decode(1, ItemEncoder().dumps(obj), None)
+    return got
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        read_only(np.arange(6.0)),
+        np.frombuffer(b"\x01\x02\x03\x04", dtype=np.uint8),  # a decoder's view of bytes
+        read_only(np.zeros((2, 3), dtype=np.int16)),
+        np.arange(4),  # writeable stays writeable
+    ],
+)
+def test_an_array_keeps_its_read_only_flag_as_pickle_does(array: np.ndarray) -> None:
+    pool = TensorPool(TensorPoolOptions(1, 1 << 16))
+    encoder = ItemEncoder(pool)
+    (got,) = ItemDecoder.decode(1, encoder.dumps(array), pool)
+    assert encoder.slot == 0 and np.array_equal(got, array)
+    assert got.flags.writeable == as_the_usual_path_gives_it(array).flags.writeable == array.flags.writeable
+    assert got.strides == as_the_usual_path_gives_it(array).strides
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.arange(3.0).as_strided((3, 1), (1, 5)),  # contiguous: the size-1 dimension's stride is free
+        torch.arange(6).as_strided((1, 2, 3), (99, 3, 1)),
+        torch.arange(6).view(1, 6),  # the usual strides
+    ],
+)
+def test_a_tensor_keeps_its_strides_as_pickle_does(tensor: torch.Tensor) -> None:
+    assert tensor.is_contiguous()
+    pool = TensorPool(TensorPoolOptions(1, 1 << 16))
+    encoder = ItemEncoder(pool)
+    (got,) = ItemDecoder.decode(1, encoder.dumps(tensor), pool)
+    assert encoder.slot == 0 and torch.equal(got, tensor)
+    assert got.stride() == as_the_usual_path_gives_it(tensor).stride() == tensor.stride()

@@ -150,3 +150,16 @@ def test_numpy_arrays_cross_in_slots_and_resume_exactly(make_dl: Any) -> None:
         again.shutdown()
     assert [label for label, _ in got] == [label for label, _ in expected]
     assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(got, expected))
+
+
+def decoded_bytes(i: int) -> Any:
+    """A decoder's output: a read-only array viewing the bytes it parsed (``np.frombuffer``)."""
+    return np.frombuffer(bytes([i % 256]) * 4096, dtype=np.uint8)
+
+
+@pytest.mark.parametrize("pool", [False, True])
+def test_a_read_only_array_arrives_read_only(make_dl: Any, pool: bool) -> None:
+    dl = make_dl(IterableWrapper(range(12)).sharding_filter().map(decoded_bytes), rs(2, tensor_pool=pool))
+    got = list(dl)
+    assert [int(a[0]) for a in got] == list(range(12))
+    assert not any(a.flags.writeable for a in got)  # as pickle gives them, with the pool or without

@@ -19,7 +19,9 @@ memory and a descriptor round trip per tensor, about 0.1-0.8 GB/s. With it
   negative bits, not quantized, not empty) or numpy array (exactly ``numpy.ndarray``,
   C-contiguous, not empty, holding no Python objects) takes the lowest free slot (flag 0 -> 1);
   it and the item's next qualifying tensors and arrays are copied into the slot, 64-byte
-  aligned, and pickled as ``(slot, offset, size, dtype, shape)``. One that does not fit in what
+  aligned, and pickled as ``(slot, offset, size, dtype, shape)`` and what a pickle would keep
+  besides: a tensor's strides (where a size-1 dimension makes them unusual), an array's read-only
+  flag (numpy's pickle gives C strides). One that does not fit in what
   is left of the slot, one that does not qualify, and all of an item's when no slot is free
   take the usual path (``ForkingPickler``): a worker never waits for a slot.
 * **Reading (main).** The item is unpickled with the stream's pool: each of its tensors is a
@@ -154,6 +156,20 @@ def _qualifies(t: Any) -> bool:
     )
 
 
+def _odd_strides(t: torch.Tensor) -> Optional[Tuple[int, ...]]:
+    """The strides of contiguous ``t`` if they are not the ones ``view(shape)`` gives (a dimension
+    of size 1 may have any stride), else ``None``."""
+    shape = t.shape
+    if 1 not in shape:
+        return None  # contiguous without a size-1 dimension: the strides are the usual ones
+    stride, expected = t.stride(), 1
+    for size, got in zip(reversed(shape), reversed(stride)):
+        if got != expected:  # a dimension of size 1: ``t`` is contiguous
+            return tuple(stride)
+        expected *= size
+    return None
+
+
 def _free(flags: memoryview, slot: int, owner_pid: int) -> None:
     # A process forked from the main one (a worker, a restarted worker) inherits its tensors and
     # their finalizers, and may collect them: only the process the slot was lent to frees it.
@@ -225,10 +241,16 @@ class TensorPool:
         that qualifies and fits, else ``None``: the usual path."""
         if self._exhausted:
             return None
+        # What the pickle would keep beyond dtype and shape: a tensor's strides where a dimension
+        # of size 1 makes them other than the contiguous ones, an array's read-only flag
+        # (numpy's own pickle gives C strides: an array's are always those).
+        extra: Any
         if _qualifies(obj):
             kind, nbytes, shape = pooled_tensor, obj.numel() * obj.element_size(), tuple(obj.shape)
+            extra = _odd_strides(obj)
         elif _array_qualifies(obj):
             kind, nbytes, shape = pooled_array, obj.nbytes, obj.shape
+            extra = not obj.flags.writeable
         else:
             return None
         placed = self._place(nbytes)
@@ -237,7 +259,7 @@ class TensorPool:
         slot, offset = placed
         start = self._header + slot * self.slot_bytes + offset
         self._view[start : start + nbytes] = _bytes_of(obj)  # one memcpy
-        return (kind, (slot, offset, nbytes, obj.dtype, shape))
+        return (kind, (slot, offset, nbytes, obj.dtype, shape, extra))
 
     def _place(self, nbytes: int) -> Optional[Tuple[int, int]]:
         """``(slot, offset)``: where the item's next ``nbytes`` go (taking a slot for its first),
@@ -306,13 +328,21 @@ def _rebuilders(pool: TensorPool) -> Tuple[Callable[..., Any], Callable[..., Any
             view = leases[slot] = pool.lease(slot)
         return torch.frombuffer(view, dtype=torch.uint8, count=nbytes, offset=offset)
 
-    def rebuild_tensor(slot: int, offset: int, nbytes: int, dtype: Any, shape: Tuple[int, ...]) -> Any:
-        return own_bytes(slot, offset, nbytes).view(dtype).view(shape)
+    def rebuild_tensor(
+        slot: int, offset: int, nbytes: int, dtype: Any, shape: Tuple[int, ...], stride: Any
+    ) -> Any:
+        flat = own_bytes(slot, offset, nbytes).view(dtype)
+        return flat.view(shape) if stride is None else flat.as_strided(shape, stride)
 
-    def rebuild_array(slot: int, offset: int, nbytes: int, dtype: Any, shape: Tuple[int, ...]) -> Any:
+    def rebuild_array(
+        slot: int, offset: int, nbytes: int, dtype: Any, shape: Tuple[int, ...], readonly: bool
+    ) -> Any:
         # Through a tensor: numpy.frombuffer would hold a memoryview of its own, not the lease,
         # and the slot would be freed while the array views it.
-        return own_bytes(slot, offset, nbytes).numpy().view(dtype).reshape(shape)
+        array = own_bytes(slot, offset, nbytes).numpy().view(dtype).reshape(shape)
+        if readonly:
+            array.flags.writeable = False  # as pickle gives it back
+        return array
 
     return rebuild_tensor, rebuild_array
 
