@@ -585,6 +585,10 @@ def worker_processes(dl: Any) -> List[Any]:
     return list(dl.reading_service._session.runtime.launcher.workers)
 
 
+#: How long a test waits for a process it forked to report or to exit.
+FORK_CHILD_WAIT_S = 60.0
+
+
 def gone(pids: List[int]) -> bool:
     """Whether none of the processes ``pids`` exists any more (reaped, not even a zombie)."""
     import psutil

@@ -10,11 +10,13 @@ folder (see the docs' design page).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
+import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Protocol, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Protocol, Tuple
 
 if TYPE_CHECKING:
     from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
@@ -36,7 +38,9 @@ __all__ = [
     "Replacer",
     "ReplacerFactory",
     "installed",
+    "own_process_start",
     "require",
+    "starting_own_process",
 ]
 
 
@@ -128,3 +132,27 @@ def require(feature: str, option: str) -> Any:
         module = FEATURES[feature][0].rsplit(".", 1)[0]
         raise ValueError(f"{option} needs {module}, which this installation of torchdata_snapshot lacks")
     return found
+
+
+# --- what the core tells the features --------------------------------------------------------------
+
+#: Per thread: whether it is starting a process of the reading service's own.
+_own_starts = threading.local()
+
+
+@contextlib.contextmanager
+def own_process_start() -> Iterator[None]:
+    """Around ``Process.start()`` of a process the reading service starts (a worker, the
+    dispatching process). A feature that watches this process's forks (the tensor pool, see
+    :mod:`torchdata_snapshot.tensor_pool.leases`) tells such a fork from the user's with
+    :func:`starting_own_process`: the reading service's processes read none of the user's items."""
+    _own_starts.active = True
+    try:
+        yield
+    finally:
+        _own_starts.active = False
+
+
+def starting_own_process() -> bool:
+    """Whether this thread is inside :func:`own_process_start`."""
+    return getattr(_own_starts, "active", False)
