@@ -585,8 +585,49 @@ def worker_processes(dl: Any) -> List[Any]:
     return list(dl.reading_service._session.runtime.launcher.workers)
 
 
+def worker_pools(dl: Any) -> List[Any]:
+    """The tensor pool of each worker of ``dl``'s reading service (``tensor_pool=True``)."""
+    return [stream.channel.pool for stream in dl.reading_service._session.runtime.consumer.streams]
+
+
 #: How long a test waits for a process it forked to report or to exit.
 FORK_CHILD_WAIT_S = 60.0
+
+
+class ForkReader:
+    """A process forked (``fork``, as an asynchronous checkpoint writer or a logging process is)
+    with a tensor, which reads it only when told to: ``read()`` returns what it saw,
+    ``(first element, sum)``, then joins it."""
+
+    def __init__(self, tensor: Any) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self._go = ctx.Event()
+        self._answer, answer = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(target=ForkReader._run, args=(tensor, self._go, answer), daemon=True)
+        self.process.start()
+        answer.close()
+
+    @staticmethod
+    def _run(tensor: Any, go: Any, answer: Any) -> None:
+        if go.wait(FORK_CHILD_WAIT_S):
+            answer.send((int(tensor.reshape(-1)[0]), int(tensor.sum())))
+
+    def read(self) -> Tuple[int, int]:
+        self._go.set()
+        try:
+            if not self._answer.poll(FORK_CHILD_WAIT_S):
+                raise TimeoutError(f"the forked reader (pid {self.process.pid}) did not answer")
+            return self._answer.recv()
+        finally:
+            self.join()
+
+    def join(self) -> None:
+        self._go.set()
+        self.process.join(FORK_CHILD_WAIT_S)
+        if self.process.exitcode is None:
+            self.process.kill()
+            self.process.join(FORK_CHILD_WAIT_S)
+        self._answer.close()
 
 
 def gone(pids: List[int]) -> bool:

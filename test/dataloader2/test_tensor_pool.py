@@ -1,5 +1,6 @@
 """TensorPool: an item's tensors cross in one slot, unchanged, and the slot is free again once
-the item is dropped unsent or its last tensor is freed, in the process it was lent to only."""
+the item is dropped unsent or its last tensor is freed, in the process it was lent to only, and
+once every process forked while the tensor lived has exited."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from pipelines import ForkReader
 
 from torchdata_snapshot.core.transport.item_codec import ItemDecoder, ItemEncoder
 from torchdata_snapshot.tensor_pool.pool import TensorPool, TensorPoolOptions
+
+needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
 
 
 def test_an_item_dropped_unsent_frees_its_slot() -> None:
@@ -71,7 +75,7 @@ def test_every_dtype_and_shape_crosses_unchanged(tensor: torch.Tensor) -> None:
     assert torch.equal(got, tensor)
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
+@needs_fork
 def test_a_forked_process_that_collects_an_inherited_tensor_frees_nothing() -> None:
     pool = TensorPool(TensorPoolOptions(2, 1 << 16))
     (kept,) = ItemDecoder.decode(1, ItemEncoder(pool).dumps(torch.arange(5)), pool)
@@ -189,3 +193,45 @@ def test_a_tensor_keeps_its_strides_as_pickle_does(tensor: torch.Tensor) -> None
     (got,) = ItemDecoder.decode(1, encoder.dumps(tensor), pool)
     assert encoder.slot == 0 and torch.equal(got, tensor)
     assert got.stride() == as_the_usual_path_gives_it(tensor).stride() == tensor.stride()
+
+
+def pooled_item(pool: TensorPool, encoder: ItemEncoder, value: int) -> torch.Tensor:
+    (tensor,) = ItemDecoder.decode(1, encoder.dumps(torch.full((16,), value)), pool)
+    return tensor
+
+
+@needs_fork
+def test_a_process_forked_while_a_tensor_lives_reads_its_values_after_the_parent_drops_it() -> None:
+    pool = TensorPool(TensorPoolOptions(2, 1 << 16))
+    encoder = ItemEncoder(pool)
+    tensor = pooled_item(pool, encoder, 3)
+    child = ForkReader(tensor)  # an asynchronous checkpoint writer, say
+    del tensor
+    try:
+        for _ in range(3):  # later items: none goes into the slot the child reads
+            assert int(pooled_item(pool, encoder, 41)[0]) == 41
+        assert encoder.slot == 1 and pool.free_slots() == 1 and pool.slots_held_for_forks == 1
+    finally:
+        seen = child.read()
+    assert seen == (3, 3 * 16)
+    pool.reclaim()  # the child has exited: its slot is the worker's again
+    assert pool.free_slots() == 2 and pool.slots_held_for_forks == 0
+
+
+@needs_fork
+def test_forked_processes_holding_every_slot_send_items_the_usual_way() -> None:
+    pool = TensorPool(TensorPoolOptions(2, 1 << 16))
+    encoder = ItemEncoder(pool)
+    held = [pooled_item(pool, encoder, 3), pooled_item(pool, encoder, 5)]
+    children = [ForkReader(held[0]), ForkReader(held[1])]
+    del held
+    try:
+        assert pool.free_slots() == 0 and pool.slots_held_for_forks == 2
+        later = pooled_item(pool, encoder, 41)
+        assert encoder.slot is None and later.is_shared() and int(later[0]) == 41  # no wait, no error
+    finally:
+        seen = [child.read() for child in children]
+    assert seen == [(3, 48), (5, 80)]
+    pool.reclaim()
+    assert pool.free_slots() == 2
+    assert int(pooled_item(pool, encoder, 7)[0]) == 7 and encoder.slot == 0  # the pool again

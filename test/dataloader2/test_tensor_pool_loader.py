@@ -1,5 +1,6 @@
 """``tensor_pool=True`` end to end: tensors reach the user as views of recycled slots, equal to
-the in-process run, valid as long as the user keeps them, and nothing leaks on faults."""
+the in-process run, valid as long as the user keeps them (and as long as a process forked while
+they lived does), and nothing leaks on faults."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any, List
 import numpy as np
 import pytest
 import torch
-from pipelines import restarts_logged, rs, take, tensor_items, worker_processes
+from pipelines import ForkReader, restarts_logged, rs, take, tensor_items, worker_pools, worker_processes
 from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
 
@@ -163,3 +164,47 @@ def test_a_read_only_array_arrives_read_only(make_dl: Any, pool: bool) -> None:
     got = list(dl)
     assert [int(a[0]) for a in got] == list(range(12))
     assert not any(a.flags.writeable for a in got)  # as pickle gives them, with the pool or without
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+def test_a_process_forked_with_a_tensor_reads_its_values_after_the_loader_moved_on(
+    make_dl: Any, context: str
+) -> None:
+    """An asynchronous checkpoint writer forked with a batch: the training process drops the
+    batch and iterates on, and the writer still reads what it was given. The user's fork is
+    always ``fork``; ``context`` is the workers' start method."""
+    numel = 1024
+    dl = make_dl(tensor_items(300, numel), rs(1, multiprocessing_context=context, tensor_pool=True))
+    it = iter(dl)
+    take(it, 3)
+    tensor = next(it)
+    assert pooled(tensor)
+    expected = (int(tensor[0]), int(tensor.sum()))
+    writer = ForkReader(tensor)
+    del tensor
+    try:
+        take(it, 150)  # the other slots are reused many times over meanwhile
+        (pool,) = worker_pools(dl)
+        # Its slot, and those of the items the main process had prefetched when it forked.
+        assert pool.slots_held_for_forks >= 1
+    finally:
+        seen = writer.read()
+    assert seen == expected
+    take(it, 60)  # the writer has exited: its slot returns as the next items arrive (after
+    # those the main process had received already, the prefetch window's at most)
+    assert pool.slots_held_for_forks == 0
+
+
+def test_the_reading_services_own_forks_hold_no_slot(make_dl: Any) -> None:
+    """Workers forked by another loader (or restarted by self-healing) read none of the user's
+    tensors: the slots of the tensors the user held meanwhile return as usual."""
+    dl = make_dl(tensor_items(100), rs(1, multiprocessing_context="fork", tensor_pool=True))
+    it = iter(dl)
+    kept = next(it)
+    assert pooled(kept)
+    other = make_dl(tensor_items(8), rs(2, multiprocessing_context="fork", tensor_pool=True))
+    assert len(list(other)) == 8
+    (pool,) = worker_pools(dl)
+    free = pool.free_slots()
+    del kept
+    assert pool.slots_held_for_forks == 0 and pool.free_slots() == free + 1

@@ -109,10 +109,12 @@ class MultiProcessingReadingService(
             pool (one per worker, ``2 x`` the per-worker prefetch window in slots), and the main
             process hands out tensors that view the slot instead of receiving a new shared-memory
             segment per tensor: several times faster for tensors of 64 KB and more. A slot goes
-            back to its worker when the last tensor viewing it is freed; tensors that do not fit,
-            are not contiguous CPU tensors, require grad, or arrive while the user holds every slot
-            take the usual path. Tensors of one item that shared a storage arrive as separate
-            copies. Numpy arrays travel the same way (see the docs' performance page).
+            back to its worker when the last tensor viewing it is freed and every process forked
+            while it lived has exited (see the docs' contract page); tensors that do not fit, are
+            not contiguous CPU tensors, require grad, or arrive while the user (or forked
+            processes) hold every slot take the usual path. Tensors of one item that shared a
+            storage arrive as separate copies. Numpy arrays travel the same way (see the docs'
+            performance page).
         tensor_pool_slot_bytes: the size of a slot: the tensors of one item (or batch) that fit
             in it travel through the pool (default 4 MiB).
     """

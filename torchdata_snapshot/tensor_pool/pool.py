@@ -37,6 +37,12 @@ memory and a descriptor round trip per tensor, about 0.1-0.8 GB/s. With it
   process clears), and a pipe message orders every write of a slot before its reading. Only
   the main process clears: a process forked from it (a worker started or restarted later)
   inherits its tensors and their finalizers, and a collection there frees nothing.
+* **Forks.** A process the user forks while a tensor lives (an asynchronous checkpoint writer)
+  has that tensor too, in the same memory: the slot then returns to its worker only once the
+  main process has freed the tensor *and* every process forked while it lived has exited (see
+  NOTE [ Tensor pool leases and forks ] in :mod:`torchdata_snapshot.tensor_pool.leases`). The
+  reading service's own processes (workers, the dispatching process) read none of the user's
+  tensors, and their forks hold nothing.
 * **Bounds.** Items in flight are bounded by credit as before (a pooled item counts as holding
   shared memory: the window stays at the prefetch counts); slots are ``2 x`` the window (at
   least 4), so they cover the window plus as many items held downstream; when the user holds
@@ -66,6 +72,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from torchdata_snapshot._errors import ProtocolError
+from torchdata_snapshot.tensor_pool.leases import FORKS, SlotLedger
 
 __all__ = ["TensorPool", "TensorPoolOptions", "pooled_array", "pooled_tensor"]
 
@@ -170,13 +177,6 @@ def _odd_strides(t: torch.Tensor) -> Optional[Tuple[int, ...]]:
     return None
 
 
-def _free(flags: memoryview, slot: int, owner_pid: int) -> None:
-    # A process forked from the main one (a worker, a restarted worker) inherits its tensors and
-    # their finalizers, and may collect them: only the process the slot was lent to frees it.
-    if os.getpid() == owner_pid:
-        flags[slot] = _FREE
-
-
 class TensorPool:
     """One worker's pool (see NOTE [ Tensor pool ] above); created in the main process."""
 
@@ -185,6 +185,7 @@ class TensorPool:
         self.slot_bytes = _round_up(options.slot_bytes, _PAGE)
         self._header = _round_up(self.slots, _PAGE)
         size = self._header + self.slots * self.slot_bytes
+        created = fd is None
         if fd is None:
             fd = os.memfd_create("torchdata_snapshot tensor pool", os.MFD_CLOEXEC)
             try:
@@ -196,6 +197,9 @@ class TensorPool:
         self._map = mmap.mmap(fd, size)
         self._view = memoryview(self._map)
         self._flags = self._view[: self.slots]
+        # The main process's account of the slots it lends (the pool is made there, a worker maps
+        # the descriptor it is given).
+        self._ledger = SlotLedger(self._flags) if created else None
         # The item being pickled (worker side): its slot, the bytes used in it, and whether no
         # slot was free for it.
         self._slot: Optional[int] = None
@@ -294,10 +298,25 @@ class TensorPool:
 
     def lease(self, slot: int) -> memoryview:
         """The memory of ``slot``, to build its tensors on; the slot is freed when the last tensor
-        built on it is (the lifetime rule of NOTE [ Tensor pool ])."""
+        built on it is, and every process forked while it lived has exited (the lifetime rule of
+        NOTE [ Tensor pool ])."""
+        ledger = self._ledger
+        if ledger is None:
+            raise ProtocolError("a tensor pool lends its slots in the process that made it only")
         view = self._slot_view(slot)
-        weakref.finalize(view, _free, self._flags, slot, os.getpid()).atexit = False
+        ledger.lease(slot)
+        weakref.finalize(view, ledger.drop, slot).atexit = False
         return view
+
+    def reclaim(self) -> None:
+        """Free the slots whose last reader was a forked process that has exited since."""
+        FORKS.reap()
+
+    @property
+    def slots_held_for_forks(self) -> int:
+        """Slots the main process dropped that wait for processes forked while their tensors
+        lived to exit (see NOTE [ Tensor pool leases and forks ])."""
+        return 0 if self._ledger is None else len(self._ledger.pending)
 
 
 class _PoolUnpickler(pickle.Unpickler):

@@ -23,6 +23,7 @@ from torchdata_snapshot._compat import attach_wrapper
 from torchdata_snapshot._constants import JOIN_TIMEOUT_S
 from torchdata_snapshot._errors import WorkerDiedError
 from torchdata_snapshot.core.options import WorkerOptions
+from torchdata_snapshot.core.plugins import own_process_start
 from torchdata_snapshot.core.transport.channel import Channel, describe_exit, make_pipe_pair, process_exit
 from torchdata_snapshot.core.worker.dispatcher import run_dispatcher
 from torchdata_snapshot.core.worker.loop import carried_state_functions, run_worker
@@ -85,7 +86,8 @@ class ProcessLauncher:
             name="DataLoader2 dispatcher",
             daemon=True,
         )
-        process.start()
+        with own_process_start():
+            process.start()
         self.dispatcher, self._dispatcher_pid = process, process.pid
         for end in control_child_ends:
             end.close()
@@ -133,7 +135,8 @@ class ProcessLauncher:
             target=run_worker, args=args, name=f"DataLoader2 worker {worker_id}", daemon=True
         )
         try:
-            process.start()
+            with own_process_start():  # a worker reads none of the user's pooled tensors
+                process.start()
         finally:
             if pool is not None:
                 pool.close_fd()  # the worker has its own (or failed to start); the mapping stays

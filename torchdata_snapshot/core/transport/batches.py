@@ -133,6 +133,8 @@ def file_response(
     memory, pool slots) is released.
     """
     if isinstance(response, ItemsResponse):
+        if pool is not None:
+            pool.reclaim()  # slots kept for forked processes that have exited since
         items = ItemDecoder.decode(response.count, response.payload, pool if response.shared else None)
         if response.epoch != epoch:
             return 0

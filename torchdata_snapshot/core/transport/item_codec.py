@@ -39,6 +39,10 @@ class ItemPool(Protocol):
     def load(self, stream: io.BytesIO) -> Any:
         """Unpickle the next item of ``stream`` (reader side)."""
 
+    def reclaim(self) -> None:
+        """Take back the slots the reader is done with that it could not free when it dropped
+        them (reader side, as the sender's items arrive)."""
+
     def close_fd(self) -> None:
         """Close the descriptor the pool was mapped from (the mapping stays)."""
 
