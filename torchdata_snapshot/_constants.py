@@ -83,6 +83,10 @@ PREFETCHER_PAUSE_CHECK_S = 0.001
 #: one item (see ``_tensor_pool``).
 TENSOR_POOL_SLOT_BYTES = 4 << 20
 
+#: Offsets of tensors inside a tensor pool slot are multiples of this (a cache line; every
+#: dtype's alignment), and a slot is at least this large.
+ALIGN_BYTES = 64
+
 # --- the dispatching process ----------------------------------------------------------------
 
 #: Credit a worker grants the dispatcher: dispatched items it may hold unread.

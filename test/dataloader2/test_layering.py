@@ -70,7 +70,7 @@ def test_no_module_imports_a_module_that_imports_it_back() -> None:
 
 #: The optional features' folders: nothing outside a feature's folder imports it (the package's
 #: ``__init__`` imports each one by name to install it).
-OPTIONAL = ("elastic", "healing")
+OPTIONAL = ("elastic", "healing", "tensor_pool")
 
 
 def test_the_core_and_the_checkpoint_import_no_optional_folder() -> None:

@@ -129,7 +129,8 @@ def test_the_guard_counts_only_the_shared_memory_of_the_tests_processes(pytester
 
 _LEAKY_POOL_TEST = """
 import builtins
-from torchdata_snapshot.tensor_pool.pool import TensorPool, TensorPoolOptions
+from torchdata_snapshot.core.options import TensorPoolOptions
+from torchdata_snapshot.tensor_pool.pool import TensorPool
 
 def test_keeps_a_tensor_pool_mapped():
     builtins.kept = TensorPool(TensorPoolOptions(1, 4096))

@@ -24,10 +24,12 @@ PACKAGE = Path(torchdata_snapshot.__file__).parent
 FEATURES: Dict[str, List[str]] = {
     "elastic": ["elastic_start", "elastic_worker"],
     "healing": ["replacer"],
+    "tensor_pool": ["tensor_pool"],
 }
 
-#: The option of the reading service that asks for each feature.
-OPTIONS = {"elastic": "elastic", "healing": "restart_dead_workers"}
+#: The option of the reading service that asks for each feature, and a value that does.
+OPTIONS = {"elastic": "elastic", "healing": "restart_dead_workers", "tensor_pool": "tensor_pool"}
+VALUES = {"elastic": True, "restart_dead_workers": 1, "tensor_pool": True}
 
 #: Run in a fresh process against a copy of the package without some feature folders: a whole
 #: epoch through two workers, a checkpoint after 7 items resumed in a new DataLoader2, then each
@@ -63,9 +65,9 @@ resumed = DataLoader2.from_state(state, MultiProcessingReadingService(num_worker
 print("resume", head + list(resumed) == reference)
 resumed.shutdown()
 print("elastic names", hasattr(torchdata_snapshot, "register_elastic"))
-for option in {options}:
+for option, value in {options}:
     try:
-        MultiProcessingReadingService(num_workers=1, **{{option: 1}})
+        MultiProcessingReadingService(num_workers=1, **{{option: value}})
     except ValueError as e:
         print("refused", option, e)
 """
@@ -75,7 +77,7 @@ def run_without(tmp_path: Path, missing: Sequence[str]) -> List[str]:
     """The script's lines, run against a copy of the package without the folders ``missing``."""
     copy = tmp_path / "site" / "torchdata_snapshot"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", *missing))
-    code = SCRIPT.format(options=[OPTIONS[folder] for folder in missing])
+    code = SCRIPT.format(options=[(OPTIONS[folder], VALUES[OPTIONS[folder]]) for folder in missing])
     # -S: no site hooks, so no editable install's finder hands out the repository's modules;
     # the copy and then the site directories (torch, torchdata) are the whole path.
     path = os.pathsep.join([str(copy.parent), *site.getsitepackages()])

@@ -14,8 +14,9 @@ import pytest
 import torch
 from pipelines import ForkReader
 
+from torchdata_snapshot.core.options import TensorPoolOptions
 from torchdata_snapshot.core.transport.item_codec import ItemDecoder, ItemEncoder
-from torchdata_snapshot.tensor_pool.pool import TensorPool, TensorPoolOptions
+from torchdata_snapshot.tensor_pool.pool import TensorPool
 
 needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
 

@@ -16,7 +16,7 @@ from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
 
 from torchdata_snapshot import WorkerDiedError
-from torchdata_snapshot.tensor_pool.pool import TensorPoolOptions
+from torchdata_snapshot.core.options import TensorPoolOptions
 
 SIXTY_FOUR_KB, ONE_MB = 8192, 131072  # int64 elements
 

@@ -14,12 +14,17 @@ import torch.multiprocessing as mp
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.utils.worker import WorkerInfo
 
-from torchdata_snapshot._constants import DEFAULT_CONTROL_TIMEOUT_S, DEFAULT_MAX_ITEMS_BETWEEN_CAPTURES
+from torchdata_snapshot._constants import (
+    ALIGN_BYTES,
+    DEFAULT_CONTROL_TIMEOUT_S,
+    DEFAULT_MAX_ITEMS_BETWEEN_CAPTURES,
+)
 
 __all__ = [
     "BatchingOptions",
     "FaultOptions",
     "RestoreOptions",
+    "TensorPoolOptions",
     "WorkerOptions",
     "check_start_method",
     "check_type",
@@ -152,3 +157,28 @@ class WorkerOptions:
     custom_reset_fn: Optional[Callable[..., DataPipe]] = None
     batching: BatchingOptions = field(default_factory=BatchingOptions)
     restore: RestoreOptions = field(default_factory=RestoreOptions)
+
+
+@dataclass(frozen=True)
+class TensorPoolOptions:
+    """The pool of one worker: ``slots`` slots of ``slot_bytes`` bytes each."""
+
+    slots: int
+    slot_bytes: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
+            raise ValueError(f"the tensor pool needs >= 1 slot, got {self.slots!r}")
+        if (
+            isinstance(self.slot_bytes, bool)
+            or not isinstance(self.slot_bytes, int)
+            or self.slot_bytes < ALIGN_BYTES
+        ):
+            raise ValueError(
+                f"tensor_pool_slot_bytes must be an int >= {ALIGN_BYTES}, got {self.slot_bytes!r}"
+            )
+
+    @classmethod
+    def for_window(cls, window: int, slot_bytes: int) -> TensorPoolOptions:
+        """Twice the credit window (at least 4): the items in flight and as many held downstream."""
+        return cls(max(4, 2 * window), slot_bytes)

@@ -27,7 +27,9 @@ if TYPE_CHECKING:
     from torchdata_snapshot.checkpoint.restore_plan import PendingRestore
     from torchdata_snapshot.core.main.worker_record import WorkerRecord
     from torchdata_snapshot.core.messages import ElasticEpoch, ResetEpochRequest
+    from torchdata_snapshot.core.options import TensorPoolOptions
     from torchdata_snapshot.core.transport.channel import Channel
+    from torchdata_snapshot.core.transport.item_codec import ItemPool
     from torchdata_snapshot.graph_state.graph_state import GraphState
 
 __all__ = [
@@ -100,6 +102,9 @@ class Plugins:
     elastic_start: Optional[ElasticStart] = None
     #: ``elastic/``: makes each worker's ``ElasticWorker`` (``() -> ElasticWorker``).
     elastic_worker: Optional[Callable[[], ElasticWorker]] = None
+    #: ``tensor_pool/``: a worker's pool of shared-memory slots for the tensors of its items
+    #: (``tensor_pool=True``), made in the main process before the worker starts.
+    tensor_pool: Optional[Callable[[TensorPoolOptions], ItemPool]] = None
 
 
 #: Each field of ``Plugins``: the module that offers it and the name it has there.
@@ -107,6 +112,7 @@ FEATURES: Dict[str, Tuple[str, str]] = {
     "replacer": ("torchdata_snapshot.healing.replacer", "WorkerReplacer"),
     "elastic_start": ("torchdata_snapshot.elastic.planner", "elastic_start"),
     "elastic_worker": ("torchdata_snapshot.elastic.worker", "ShardingProgress"),
+    "tensor_pool": ("torchdata_snapshot.tensor_pool.pool", "TensorPool"),
 }
 
 

@@ -41,6 +41,7 @@ from torchdata_snapshot.core.options import (
     BatchingOptions,
     FaultOptions,
     RestoreOptions,
+    TensorPoolOptions,
     WorkerOptions,
     _check_count,
     check_start_method,
@@ -48,7 +49,6 @@ from torchdata_snapshot.core.options import (
 )
 from torchdata_snapshot.core.plugins import require
 from torchdata_snapshot.core.session import Session, checkpoint_before_start
-from torchdata_snapshot.tensor_pool.pool import TensorPoolOptions
 
 __all__ = ["MultiProcessingReadingService"]
 
@@ -160,6 +160,8 @@ class MultiProcessingReadingService(
         if self.elastic:
             require("elastic_start", "elastic=True")
         self.tensor_pool = check_type("tensor_pool", tensor_pool, bool)
+        if self.tensor_pool:
+            require("tensor_pool", "tensor_pool=True")
         TensorPoolOptions(1, tensor_pool_slot_bytes)  # validates it
         self.tensor_pool_slot_bytes = tensor_pool_slot_bytes
         self._reset_runtime()

@@ -65,19 +65,18 @@ import os
 import pickle
 import sys
 import weakref
-from dataclasses import dataclass
 from multiprocessing.reduction import DupFd
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
+from torchdata_snapshot._constants import ALIGN_BYTES
 from torchdata_snapshot._errors import ProtocolError
+from torchdata_snapshot.core.options import TensorPoolOptions
 from torchdata_snapshot.tensor_pool.leases import FORKS, SlotLedger
 
-__all__ = ["TensorPool", "TensorPoolOptions", "pooled_array", "pooled_tensor"]
+__all__ = ["TensorPool", "pooled_array", "pooled_tensor"]
 
-#: Offsets of tensors inside a slot are multiples of this (a cache line; every dtype's alignment).
-ALIGN_BYTES = 64
 
 _PAGE = mmap.PAGESIZE
 _FREE, _TAKEN = 0, 1
@@ -89,31 +88,6 @@ def _is_int(value: Any) -> bool:
 
 def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
-
-
-@dataclass(frozen=True)
-class TensorPoolOptions:
-    """The pool of one worker: ``slots`` slots of ``slot_bytes`` bytes each."""
-
-    slots: int
-    slot_bytes: int
-
-    def __post_init__(self) -> None:
-        if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
-            raise ValueError(f"the tensor pool needs >= 1 slot, got {self.slots!r}")
-        if (
-            isinstance(self.slot_bytes, bool)
-            or not isinstance(self.slot_bytes, int)
-            or self.slot_bytes < ALIGN_BYTES
-        ):
-            raise ValueError(
-                f"tensor_pool_slot_bytes must be an int >= {ALIGN_BYTES}, got {self.slot_bytes!r}"
-            )
-
-    @classmethod
-    def for_window(cls, window: int, slot_bytes: int) -> TensorPoolOptions:
-        """Twice the credit window (at least 4): the items in flight and as many held downstream."""
-        return cls(max(4, 2 * window), slot_bytes)
 
 
 def pooled_tensor(*args: Any) -> Any:

@@ -22,13 +22,12 @@ from torchdata.dataloader2.utils.worker import WorkerInfo
 from torchdata_snapshot._compat import attach_wrapper
 from torchdata_snapshot._constants import JOIN_TIMEOUT_S
 from torchdata_snapshot._errors import WorkerDiedError
-from torchdata_snapshot.core.options import WorkerOptions
-from torchdata_snapshot.core.plugins import own_process_start
+from torchdata_snapshot.core.options import TensorPoolOptions, WorkerOptions
+from torchdata_snapshot.core.plugins import own_process_start, require
 from torchdata_snapshot.core.transport.channel import Channel, describe_exit, make_pipe_pair, process_exit
 from torchdata_snapshot.core.worker.dispatcher import run_dispatcher
 from torchdata_snapshot.core.worker.loop import carried_state_functions, run_worker
 from torchdata_snapshot.graph_state.state_functions import StateFunctions
-from torchdata_snapshot.tensor_pool.pool import TensorPool, TensorPoolOptions
 
 __all__ = ["ProcessLauncher", "import_what_workers_seed"]
 
@@ -119,7 +118,7 @@ class ProcessLauncher:
         dispatcher_pid = None if self.dispatcher is None else self._dispatcher_pid
         channel, endpoint, child_ends = make_pipe_pair(self.ctx)
         info = WorkerInfo(self.num_workers, worker_id)
-        pool = None if self.pool is None else TensorPool(self.pool)
+        pool = None if self.pool is None else require("tensor_pool", "tensor_pool=True")(self.pool)
         args = (
             self._worker_graph,
             endpoint,

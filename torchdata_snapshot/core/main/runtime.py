@@ -26,8 +26,7 @@ from torchdata_snapshot.core.main.consumer import credit_window
 from torchdata_snapshot.core.main.in_process import InProcess
 from torchdata_snapshot.core.main.outlet import Outlet
 from torchdata_snapshot.core.main.worker_processes import WorkerPool
-from torchdata_snapshot.core.options import FaultOptions, WorkerOptions
-from torchdata_snapshot.tensor_pool.pool import TensorPoolOptions
+from torchdata_snapshot.core.options import FaultOptions, TensorPoolOptions, WorkerOptions
 
 __all__ = ["Runtime", "shut_down_when_broken", "start_runtime"]
 

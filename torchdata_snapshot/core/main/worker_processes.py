@@ -50,10 +50,9 @@ from torchdata_snapshot.core.messages import (
     TerminateRequest,
     TerminateResponse,
 )
-from torchdata_snapshot.core.options import FaultOptions, WorkerOptions
+from torchdata_snapshot.core.options import FaultOptions, TensorPoolOptions, WorkerOptions
 from torchdata_snapshot.core.plugins import Replacer, require
 from torchdata_snapshot.core.transport.channel import Channel
-from torchdata_snapshot.tensor_pool.pool import TensorPoolOptions
 
 __all__ = ["DispatcherClient", "WorkerPool"]
 
