@@ -73,3 +73,33 @@ def same_values(a: Any, b: Any) -> bool:
             return all(same_values(a[name], b[name]) for name in a.dtype.names)
         return bool(numpy.array_equal(a, b))
     return bool(a == b)
+
+
+class Node:
+    """A tree node whose children point back at it, as parsed documents and scene graphs do."""
+
+    def __init__(self, value: int, children: int = 0) -> None:
+        self.value = value
+        self.parent: Any = None
+        self.children = [Node(value * 10 + c) for c in range(children)]
+        for child in self.children:
+            child.parent = self
+
+
+def holding_itself_item(x: int) -> Dict[str, Any]:
+    """An item that pickles but holds itself (``item["me"] is item``) and a tree with parent
+    pointers: the digest walked the first forever and the second in exponential time."""
+    item: Dict[str, Any] = {"i": x, "tree": Node(x, children=12)}
+    item["me"] = item
+    return item
+
+
+def same_holding_itself(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
+    kids = [c.value for c in a["tree"].children], [c.value for c in b["tree"].children]
+    return (
+        a["i"] == b["i"]
+        and a["me"] is a
+        and b["me"] is b
+        and kids[0] == kids[1]
+        and all(c.parent is b["tree"] for c in b["tree"].children)
+    )

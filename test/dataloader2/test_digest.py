@@ -15,17 +15,17 @@ import subprocess
 import sys
 import threading
 from collections import namedtuple
-from typing import Any, List
+from typing import Any, Dict, List
 
 import numpy
 import pytest
 import torch
-from digest_items import padded_arrays
+from digest_items import Node, padded_arrays
 from torch.testing._internal.common_utils import TestCase
 
 from torchdata_snapshot._errors import ReplayDivergenceError
 from torchdata_snapshot.checkpoint.array_digest import value_digest
-from torchdata_snapshot.checkpoint.digest import item_digest
+from torchdata_snapshot.checkpoint.digest import CHAIN_START, chain, item_digest
 from torchdata_snapshot.checkpoint.replay import replay
 
 Point = namedtuple("Point", "x y")
@@ -177,3 +177,34 @@ def test_a_divergence_with_pythonhashseed_set_says_it_must_have_been_the_same(
 def test_a_replayed_stream_that_ends_early_names_the_causes_too() -> None:
     with pytest.raises(ReplayDivergenceError, match="ended after 2 items.*Usual causes: .*PYTHONHASHSEED"):
         replay(iter([1, 2]), 0, 3, None, None, where="worker 0", epoch=1)
+
+
+class TestItemsThatHoldThemselves(TestCase):
+    """A container or object met again inside itself counts as a reference to the enclosing one:
+    the walk ends, visits each object once per path, and is the same in every process."""
+
+    def test_an_item_that_holds_itself_has_a_digest(self) -> None:
+        d: Dict[str, Any] = {"x": 1}
+        d["me"] = d
+        loop: List[Any] = [1, 2]
+        loop.append(loop)
+        for item in (d, loop, [loop, loop], (loop,)):
+            self.assertEqual(item_digest(item), item_digest(copy.deepcopy(item)))
+            self.assertEqual(chain(CHAIN_START, item), chain(CHAIN_START, copy.deepcopy(item)))
+        other: Dict[str, Any] = {"x": 2}
+        other["me"] = other
+        self.assertNotEqual(item_digest(d), item_digest(other))
+
+    def test_parent_pointers_are_walked_once(self) -> None:
+        # 12 children pointing at their parent: the walk was exponential (4 took 23 s).
+        tree = Node(1, children=12)
+        changed = Node(1, children=12)
+        changed.children[-1].value = -1
+        self.assertEqual(item_digest(tree), item_digest(copy.deepcopy(tree)))
+        self.assertNotEqual(item_digest(tree), item_digest(changed))
+
+    def test_deeply_nested_lists_digest_in_both_paths(self) -> None:
+        deep: List[Any] = [0]
+        for _ in range(200):
+            deep = [deep]
+        self.assertEqual(chain(CHAIN_START, deep), chain(CHAIN_START, copy.deepcopy(deep)))

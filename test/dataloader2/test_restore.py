@@ -11,7 +11,13 @@ from typing import Any, Callable
 
 import pytest
 from conftest import START_METHODS
-from digest_items import conj_imag_item, padded_arrays_item, same_values
+from digest_items import (
+    conj_imag_item,
+    holding_itself_item,
+    padded_arrays_item,
+    same_holding_itself,
+    same_values,
+)
 from pipelines import (
     ChangesOnceMarked,
     NonReplicable,
@@ -428,3 +434,22 @@ def test_items_of_any_layout_are_delivered_and_restore_exactly(
         restored.shutdown()
     assert len(head + rest) == n
     assert all(same_values(a, b) for a, b in zip(head + rest, epoch))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_items_that_hold_themselves_are_delivered_and_restore_exactly(make_dl: Any, num_workers: int) -> None:
+    """An item that holds itself made the digest recurse until the worker died (WorkerDiedError
+    naming no cause; RecursionError with num_workers=0), and one of parent pointers took
+    exponential time: each is walked once per path, as pickle's memo does."""
+    n, k = 10, 4
+    dl = make_dl(IterableWrapper(range(n)).sharding_filter().map(holding_itself_item), rs(num_workers))
+    epoch = list(dl)
+    assert [item["i"] for item in epoch] == list(range(n))
+    head = take(iter(dl), k)
+    restored = DataLoader2.from_state(dl.state_dict(), rs(num_workers))
+    try:
+        rest = list(restored)
+    finally:
+        restored.shutdown()
+    assert len(head + rest) == n
+    assert all(same_holding_itself(a, b) for a, b in zip(epoch, head + rest))

@@ -14,21 +14,26 @@ The digest must be equal for equal items in *different processes* (so no ``id()`
 ``hash()`` of strings, which is salted per process, and no pickle of a shared-memory tensor,
 which names a file descriptor) and cheap for large items. Objects of unknown types contribute
 their type name and ``__dict__`` (objects without one: the arguments and state they pickle with,
-or nothing more if they do not pickle), numpy scalars their value, so a false alarm is
+or nothing more if they do not pickle), numpy scalars their value; a container or object met
+again inside itself (an item holding itself, parent pointers) counts as a reference to the
+enclosing one, so each is walked once per path, as pickle's memo does. So a false alarm is
 impossible (as long as a DataPipe does not change an item after yielding it: the outbox thread
 digests it while the worker produces the next) and a missed divergence possible only for exotic
 items.
 
-How a tensor or an array counts is ``_array_digest``'s part: its values, never its memory as such.
+How a tensor or an array counts is :mod:`torchdata_snapshot.checkpoint.array_digest`'s part: its
+values, never its memory as such.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import struct
 import sys
+import threading
 import zlib
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Iterator, Optional
 
 from torchdata_snapshot.checkpoint.array_digest import (
     SAMPLE_BYTES,
@@ -42,6 +47,10 @@ from torchdata_snapshot.checkpoint.array_digest import (
 __all__ = ["CHAIN_START", "SAMPLE_BYTES", "chain", "chain_hex", "item_digest", "parse_chain_hex"]
 
 _MAX_DEPTH = 32
+
+#: Per thread (a worker's outbox thread digests while the worker produces): the containers and
+#: objects being fed, by ``id``, and how deep each one is.
+_WALK = threading.local()
 
 
 def item_digest(item: Any) -> str:
@@ -72,11 +81,34 @@ def _feed(h: Any, obj: Any, depth: int) -> None:
         feed_ndarray(h, sys.modules["numpy"].asarray(obj), _feed_element)
     else:
         h.update(b"O" + type(obj).__qualname__.encode())
-        state = getattr(obj, "__dict__", None)
-        if isinstance(state, dict):
-            _feed_dict(h, state, depth)
-        else:  # slots or a C type (datetime, Decimal, Fraction, an enum): what it pickles as
-            _feed_reduced(h, obj, depth)
+        with _entered(h, obj) as first:
+            if not first:
+                return
+            state = getattr(obj, "__dict__", None)
+            if isinstance(state, dict):
+                _feed_dict(h, state, depth)
+            else:  # slots or a C type (datetime, Decimal, Fraction, an enum): what it pickles as
+                _feed_reduced(h, obj, depth)
+
+
+@contextlib.contextmanager
+def _entered(h: Any, obj: Any) -> Iterator[bool]:
+    """Enter a container or object being fed; ``False`` if it is one of those enclosing it (an
+    item that holds itself, a child that points at its parent): it then counts as a reference to
+    that one, so that the walk ends and visits each object once per path, as pickle's memo does."""
+    path: Optional[Dict[int, int]] = getattr(_WALK, "path", None)
+    if path is None:
+        path = _WALK.path = {}
+    key = id(obj)
+    if key in path:
+        h.update(b"R" + struct.pack("<q", path[key]))
+        yield False
+        return
+    path[key] = len(path)
+    try:
+        yield True
+    finally:
+        del path[key]
 
 
 def _feed_element(h: Any, obj: Any) -> None:
@@ -127,16 +159,26 @@ def _feed_bool(h: Any, obj: bool, depth: int) -> None:
 
 
 def _feed_sequence(h: Any, obj: Any, depth: int) -> None:
+    if depth >= _MAX_DEPTH:
+        h.update(b"?")
+        return
     h.update(b"L" + struct.pack("<q", len(obj)))
-    for x in obj:
-        _feed(h, x, depth + 1)
+    with _entered(h, obj) as first:
+        if first:
+            for x in obj:
+                _feed(h, x, depth + 1)
 
 
 def _feed_dict(h: Any, obj: Dict[Any, Any], depth: int) -> None:
+    if depth >= _MAX_DEPTH:
+        h.update(b"?")
+        return
     h.update(b"D" + struct.pack("<q", len(obj)))
-    for k, v in obj.items():
-        _feed(h, k, depth + 1)
-        _feed(h, v, depth + 1)
+    with _entered(h, obj) as first:
+        if first:
+            for k, v in obj.items():
+                _feed(h, k, depth + 1)
+                _feed(h, v, depth + 1)
 
 
 def _feed_set(h: Any, obj: Any, depth: int) -> None:
@@ -181,17 +223,18 @@ _TAG_FALSE = 0x5851F42D4C957F2D
 _NAN = 0x7FF8000000000001
 
 
-def _item_hash(item: Any) -> int:
-    """A 64-bit digest of ``item``, equal in every process for equal items."""
+def _item_hash(item: Any, depth: int = 0) -> int:
+    """A 64-bit digest of ``item``, equal in every process for equal items (sequences nested
+    deeper than ``_MAX_DEPTH``, which may hold themselves, go through ``item_digest``)."""
     kind = type(item)
     if kind is int:
         return item & _MASK64
     if kind is str:
         return _TAG_STR ^ zlib.crc32(item.encode("utf-8", "surrogatepass")) ^ (len(item) << 32)
-    if kind is tuple or kind is list:
+    if (kind is tuple or kind is list) and depth < _MAX_DEPTH:
         h = _TAG_SEQUENCE ^ len(item)
         for x in item:
-            h = ((h ^ _item_hash(x)) * _PRIME64) & _MASK64
+            h = ((h ^ _item_hash(x, depth + 1)) * _PRIME64) & _MASK64
         return h
     if kind is float:  # hash() of a float is not salted; a NaN's is its id
         return _TAG_FLOAT ^ (hash(item) & _MASK64 if item == item else _NAN)
