@@ -3,13 +3,16 @@ chain loaded with the states a chain reported after k items yields the rest, exa
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Sequence
 
 import pytest
 from torch.utils.data import IterDataPipe
+from torch.utils.data.datapipes.iter.filelister import FileListerIterDataPipe
 from torchdata.datapipes.iter import FileLister, IterableWrapper
 
+from torchdata_snapshot._errors import ChangedFileError
 from torchdata_snapshot.graph_state.equivalents import ADAPTERS, ResumableIterableWrapper
 
 Build = Callable[[Callable[[Sequence[Any]], IterDataPipe], Path], IterDataPipe]
@@ -116,6 +119,29 @@ def test_a_file_lister_state_of_an_earlier_release_loads_without_its_listing_dig
     assert list(lister) == everything[2:]
     with pytest.raises(ValueError, match="'listed' is not a valid"):
         lister.load_state_dict({"root": str(tmp), "yielded": 2, "listed": 7})  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("abspath", [False, True])
+def test_a_file_lister_state_loads_into_a_root_moved_elsewhere_that_lists_the_same_names(
+    tmp_path: Path, abspath: bool
+) -> None:
+    """The listing's digest is of the names below the root: a state whose root was moved checks
+    and continues the same names there (and a name that differs there is still refused)."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    for root in (old, new):
+        root.mkdir()
+        for name in ("a.txt", "b.txt", "c.txt"):
+            (root / name).write_text(name)
+    lister = ADAPTERS[FileListerIterDataPipe](FileLister(str(old), abspath=abspath))
+    it = iter(lister)
+    next(it), next(it)
+    state = {**lister.state_dict(), "root": str(new)}  # type: ignore[attr-defined]
+    again = ADAPTERS[FileListerIterDataPipe](FileLister(str(new), abspath=abspath))
+    again.load_state_dict(state)  # type: ignore[attr-defined]
+    assert os.path.basename(next(iter(again))) == "c.txt"  # (then its source's roots, afresh)
+    os.rename(new / "b.txt", new / "b2.txt")
+    with pytest.raises(ChangedFileError, match=f"{new} lists other files"):
+        again.load_state_dict(state)  # type: ignore[attr-defined]
 
 
 def test_a_malformed_state_is_refused_when_loaded() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import itertools
+import os
 import random
 import warnings
 from collections import deque
@@ -352,16 +353,21 @@ def _listing_digest() -> Any:
     return hashlib.blake2b(digest_size=16)
 
 
-def _path_bytes(path: str) -> bytes:
-    """A listed path as bytes for the listing's digest (any name a file system returns)."""
-    return path.encode("utf-8", "surrogateescape") + b"\0"
+def _name_bytes(path: str, prefix: str) -> bytes:
+    """A listed path as bytes for the listing's digest: its name below the root (``prefix``, as
+    the lister's paths begin), so that a root that moved, listing the same names, has the same
+    digest; any name a file system returns."""
+    name = path[len(prefix) :].lstrip(os.sep) if path.startswith(prefix) else path
+    return name.encode("utf-8", "surrogateescape") + b"\0"
 
 
 class ResumableFileLister(Resumable):
     """``FileLister``: its state is the root being listed, how many of its files were yielded and
-    a digest of their paths (the listing is recomputed on restore, not stored). A root that lists
-    other files before that position now (a file added, removed or renamed, another order) is
-    refused when the state is loaded: counting into another listing would skip or repeat files."""
+    a digest of their names below the root (the listing is recomputed on restore, not stored). A
+    root that lists other files before that position now (a file added, removed or renamed,
+    another order) is refused when the state is loaded: counting into another listing would skip
+    or repeat files. The digest does not depend on where the root is: a state loaded with its
+    root moved elsewhere checks the same names there."""
 
     STATE = {"root": (str, type(None)), "yielded": int, "listed": (str, type(None))}
     #: The running digest (a hash object does not pickle; the graph is pickled between epochs).
@@ -382,12 +388,17 @@ class ResumableFileLister(Resumable):
             root, self.masks, self.recursive, self.abspath, self.non_deterministic
         )
 
+    def _prefix(self, root: str) -> str:
+        """How the paths listed under ``root`` begin."""
+        return os.path.abspath(root) if self.abspath else root
+
     def _start_root(self, root: str, skip: int = 0) -> Iterator[str]:
         """The root's listing from its ``skip``-th path on, the digest brought past the others."""
         self._root, self._yielded, self._listed = root, 0, _listing_digest()
+        prefix = self._prefix(root)
         for path in self._list(root):
             self._yielded += 1
-            self._listed.update(_path_bytes(path))
+            self._listed.update(_name_bytes(path, prefix))
             if self._yielded > skip:
                 yield path
 
@@ -401,7 +412,8 @@ class ResumableFileLister(Resumable):
         if root is not None and state["listed"] is not None:
             listed = _listing_digest()
             paths = list(itertools.islice(self._list(root), yielded))
-            listed.update(b"".join(map(_path_bytes, paths)))
+            prefix = self._prefix(root)
+            listed.update(b"".join(_name_bytes(path, prefix) for path in paths))
             if len(paths) < yielded or listed.hexdigest() != state["listed"]:
                 raise ChangedFileError(
                     f"{root} lists other files than when the state was taken: the {yielded} it had "
