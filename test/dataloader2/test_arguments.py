@@ -140,6 +140,7 @@ _PIL = (basichandlers, imagehandler("pil"))
 #: the argument a restore names, with its value then and now (as compared).
 CHANGES: Dict[str, List[Tuple[Dict[str, Any], Dict[str, Any], str, Any, Any]]] = {
     "FileLister": [
+        ({"root": "data"}, {"root": ["data", "more"]}, "root", ["data"], ["data", "more"]),
         ({"masks": "*.txt"}, {"masks": ["*.txt", "*.csv"]}, "masks", ["*.txt"], ["*.csv", "*.txt"]),
         ({}, {"recursive": True}, "recursive", False, True),
         ({}, {"non_deterministic": True}, "non_deterministic", False, True),

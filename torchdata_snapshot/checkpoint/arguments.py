@@ -35,9 +35,11 @@ import enum
 import functools
 import inspect
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional
 
+from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.datapipes.iter import (
     Bz2FileLoader,
@@ -181,6 +183,18 @@ def _attribute(name: str, form: Callable[[Any], Any] = _same) -> Read:
 
 def _read_attribute(name: str, form: Callable[[Any], Any], datapipe: DataPipe) -> Any:
     return form(getattr(datapipe, name))
+
+
+def _lister_roots(datapipe: DataPipe) -> Any:
+    """The roots a ``FileLister`` lists, as the strings it lists them by, when it was given them
+    (``FileLister("data")``, ``FileLister(["a", "b"])``: an ``IterableWrapper`` over paths); not
+    plain data when they come from another DataPipe. Recorded, other roots are another pipeline,
+    unless a restore finds there the files it reads again (a data directory that moved)."""
+    source = datapipe.datapipe
+    roots = source.iterable if type(source) is IterableWrapperIterDataPipe else None
+    if isinstance(roots, (list, tuple)) and all(isinstance(root, (str, os.PathLike)) for root in roots):
+        return [os.fspath(root) for root in roots]
+    return NOT_PLAIN
 
 
 def _decoder_handlers(datapipe: DataPipe) -> Any:
@@ -341,7 +355,7 @@ _TEXT = ("skip_lines", "decode", "encoding", "errors", "return_path")
 #: misreads (NOTE [ Argument readings ]), by exact type.
 READINGS: Dict[type, Reading] = {
     # files: listers, openers, archives
-    FileLister: Reading(forms={"masks": _masks}, ignored=_LENGTH),
+    FileLister: Reading(read={"root": _lister_roots}, forms={"masks": _masks}, ignored=_LENGTH),
     FileOpener: Reading(forms={"mode": _file_mode, "encoding": _encoding}, ignored=_LENGTH),
     FSSpecFileLister: Reading(forms={"masks": _masks}),  # its connection options (credentials) are not read
     FSSpecFileOpener: Reading(forms={"mode": _fsspec_mode}),
