@@ -5,7 +5,9 @@ with ``ChangedFileError`` naming it (instead of handing out other records)."""
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import os
+import re
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -13,12 +15,21 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 from conftest import START_METHODS
-from pipelines import CONTEXT, _write_lines, _write_samples, line_and_length, read_sample, rs, take
+from pipelines import (
+    CONTEXT,
+    _write_lines,
+    _write_samples,
+    line_and_length,
+    moved_onto,
+    read_sample,
+    rs,
+    take,
+)
 from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize
 from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import FileLister, IterableWrapper
 
-from torchdata_snapshot import ChangedFileError, StateRestoreError
+from torchdata_snapshot import ChangedFileError, ReplayDivergenceError, StateRestoreError
 from torchdata_snapshot.core.graph import graph_datapipes
 from torchdata_snapshot.graph_state.graph_state import GraphState
 
@@ -227,6 +238,73 @@ def test_a_file_added_after_the_listers_position_is_read_as_it_is_now(tmp_path: 
     new = [record for record in rest if record not in epoch]
     assert [record for record in head + rest if record in epoch] == epoch
     assert len(new) == 10, "the new file's records are read after the others"
+
+
+def _taken_then_moved(tmp_path: Path, kind: str, k: int) -> Tuple[List[Any], List[Any], Any, Path]:
+    """The epoch of ``kind`` files in ``tmp_path/data``, its first ``k`` items, and the state
+    taken after them; the directory is then moved to ``tmp_path/moved`` (returned)."""
+    data, moved = tmp_path / "data", tmp_path / "moved"
+    data.mkdir()
+    written(data, kind)
+    reference = loader(data, kind)
+    epoch = list(reference)
+    reference.shutdown()
+    dl = loader(data, kind)
+    try:
+        head = take(iter(dl), k)
+        state = dl.state_dict()
+    finally:
+        dl.shutdown()
+    os.rename(data, moved)
+    return epoch, head, state, moved
+
+
+def moved_onto_root(state: Any, root: Path, kind: str) -> DataLoader2:
+    """A loader restoring ``state`` onto the pipeline built on ``root`` instead of the pickled one."""
+    return DataLoader2.from_state(moved_onto(state, KINDS[kind][1](root)), rs(2))
+
+
+@pytest.mark.parametrize("k", [1, RECORDS // 2, RECORDS - 1])
+def test_a_data_directory_that_moved_resumes_exactly_there(tmp_path: Path, k: int) -> None:
+    epoch, head, state, moved = _taken_then_moved(tmp_path, "txt", k)
+    again = moved_onto_root(state, moved, "txt")
+    try:
+        assert head + list(again) == epoch
+        state_there = again.state_dict()["reading_service_state"]
+    finally:
+        again.shutdown()
+    assert str(tmp_path / "data") not in str(state_there), "its checkpoints are of the new directory"
+
+
+def test_files_missing_where_the_data_moved_are_refused_naming_them_before_any_worker_starts(
+    tmp_path: Path,
+) -> None:
+    _, _, state, moved = _taken_then_moved(tmp_path, "txt", RECORDS // 2)
+    for path in moved.iterdir():
+        os.remove(path)
+    children = set(multiprocessing.active_children())
+    again = moved_onto_root(state, moved, "txt")
+    try:
+        with pytest.raises(ChangedFileError) as raised:
+            iter(again)
+        assert set(multiprocessing.active_children()) == children, "no worker was started"
+    finally:
+        again.shutdown()
+    message = str(raised.value)
+    assert message.startswith(f"the data moved ({tmp_path / 'data'} to {moved}), but "), message
+    assert re.search(f"{moved / 'shard'}[0-9].txt is missing", message), "it names the files"
+
+
+def test_items_that_hold_a_path_of_the_data_that_moved_are_other_items_and_refused(tmp_path: Path) -> None:
+    """A tar member's path, and the WebDataset key made of it, hold the directory: under the new
+    root they are other items, which the replay's check refuses."""
+    _, _, state, moved = _taken_then_moved(tmp_path, "tar", RECORDS // 2)
+    again = moved_onto_root(state, moved, "tar")
+    try:
+        with pytest.raises(ReplayDivergenceError, match="replayed differently"):
+            list(again)
+    finally:
+        again.shutdown()
 
 
 #: Files of the "user is in this file" checks: 4 shards of 10 lines, 2 workers without a shuffle,

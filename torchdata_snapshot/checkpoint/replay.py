@@ -77,7 +77,8 @@ def divergence_causes() -> str:
     return (
         f"Usual causes: {hashing}; an unseeded source of randomness (random.Random() or "
         "numpy.random.default_rng() without a seed, os.urandom, uuid.uuid4, the time); a file read "
-        "that changed since the checkpoint; an order that is not fixed (of a set, of os.listdir). "
+        "that changed since the checkpoint; items that hold the paths of a data directory that "
+        "moved since; an order that is not fixed (of a set, of os.listdir). "
         "Remove the cause and restore again: verify_replay=False only turns this check off, and the "
         "restore then hands out whatever the pipeline produces now, which is other data than the "
         "interrupted run's"

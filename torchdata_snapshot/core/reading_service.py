@@ -30,6 +30,7 @@ from torchdata_snapshot._constants import (
 from torchdata_snapshot._errors import ReadingServiceClosedError, ReadingServiceError
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 from torchdata_snapshot.checkpoint.format import Checkpoint, GraphIdentity, graph_identity
+from torchdata_snapshot.checkpoint.moved_roots import moved_roots, resumed_where_moved
 from torchdata_snapshot.checkpoint.restore_plan import (
     PendingRestore,
     logs_refusals,
@@ -259,14 +260,18 @@ class MultiProcessingReadingService(
         """Start the service for ``datapipe`` so that its next epoch resumes ``serialized_state``.
 
         The state is validated before any process starts (``InvalidCheckpointError``,
-        ``IncompatibleCheckpointError``). The epoch restarts with its recorded seeds and each
+        ``IncompatibleCheckpointError``). A ``FileLister`` root that is another path in
+        ``datapipe`` than in the state is a data directory that moved: the files the state reads
+        again must be the same there (else ``ChangedFileError``), and it resumes there (see
+        ``checkpoint.moved_roots``). The epoch restarts with its recorded seeds and each
         worker replays the items the user already received (from its latest captured graph
         state, if any). With ``elastic=True``, a state taken with another ``num_workers`` or world
         size restarts the epoch over the elements the user had not received (see ``_elastic``).
         """
         self._check_open()
-        state = Checkpoint.from_plain(serialized_state)
         sharding, graph = sharding_of(datapipe), graph_identity(datapipe)
+        state = Checkpoint.from_plain(serialized_state)
+        state = resumed_where_moved(state, moved_roots(state, datapipe, graph))
         pending = plan_restore(state, datapipe, graph, sharding, self.num_workers, self.elastic)
         epoch = state.epoch if pending is None else state.epoch - 1  # the last epoch started
         return self._initialize(datapipe, graph, sharding, epoch, pending)

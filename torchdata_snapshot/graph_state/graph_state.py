@@ -68,7 +68,13 @@ from torchdata_snapshot.graph_state.resumable import Resumable
 from torchdata_snapshot.graph_state.sharding_shift import ShardingShifts
 from torchdata_snapshot.graph_state.state_functions import StateFunctions, registered_state_functions
 
-__all__ = ["RESUMABLE_ADAPTERS", "RESUMABLE_STATELESS", "GraphState", "unpack_graph_state"]
+__all__ = [
+    "RESUMABLE_ADAPTERS",
+    "RESUMABLE_STATELESS",
+    "GraphState",
+    "rewrite_graph_state",
+    "unpack_graph_state",
+]
 
 _RNG_KEY = "__global_rng__"
 
@@ -244,15 +250,30 @@ class GraphState:
         return forgotten is None or iterator_id(dp) != forgotten[1]
 
 
-def unpack_graph_state(blob: bytes) -> Dict[str, Any]:
-    """A :meth:`GraphState.capture` blob as ``{key: state}`` (the global RNGs' checked and
-    unpacked), or :class:`StateRestoreError` saying that it is not such a state."""
+def _unpickled(blob: bytes, unpack_rng: bool) -> Dict[str, Any]:
     try:
         states = pickle.loads(blob)
         if not isinstance(states, dict) or _RNG_KEY not in states:
             raise ValueError(f"it unpickles to {type(states).__name__}, not the state of a graph")
-        states[_RNG_KEY] = unpack_global_rng_state(states[_RNG_KEY])
-        check_global_rng_state(states[_RNG_KEY])
+        if unpack_rng:
+            states[_RNG_KEY] = unpack_global_rng_state(states[_RNG_KEY])
+            check_global_rng_state(states[_RNG_KEY])
     except Exception as e:
         raise StateRestoreError(f"the worker's graph state cannot be loaded: {type(e).__name__}: {e}") from e
     return states
+
+
+def unpack_graph_state(blob: bytes) -> Dict[str, Any]:
+    """A :meth:`GraphState.capture` blob as ``{key: state}`` (the global RNGs' checked and
+    unpacked), or :class:`StateRestoreError` saying that it is not such a state."""
+    return _unpickled(blob, unpack_rng=True)
+
+
+def rewrite_graph_state(blob: bytes, rewrite: Callable[[Any], Any]) -> bytes:
+    """A :meth:`GraphState.capture` blob with the state of each of its DataPipes put through
+    ``rewrite`` (the global RNGs' left as they are), or :class:`StateRestoreError` saying that
+    it is not such a state. The main process reads a worker's state this way only to rewrite it
+    (the paths of a data directory that moved)."""
+    states = _unpickled(blob, unpack_rng=False)
+    rewritten = {key: state if key == _RNG_KEY else rewrite(state) for key, state in states.items()}
+    return pickle.dumps(rewritten, protocol=pickle.HIGHEST_PROTOCOL)
