@@ -13,6 +13,7 @@ Checked against torch 2.13 and torchdata 0.7.1, 0.8.0 and 0.9.0.
 
 from __future__ import annotations
 
+import sys
 import threading
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
@@ -20,7 +21,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 from torch.utils.data.datapipes.iter.combinatorics import ShufflerIterDataPipe
 from torch.utils.data.datapipes.iter.grouping import UnBatcherIterDataPipe
 from torch.utils.data.datapipes.utils.common import get_file_pathnames_from_root
-from torchdata._utils import ExceptionWrapper
+from torchdata._utils import ExceptionWrapper as _UpstreamExceptionWrapper
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.graph._serialization import attach_wrapper, extract_wrapper
 from torchdata.dataloader2.graph.utils import _find_replicable_branches
@@ -36,12 +37,15 @@ from torchdata.datapipes.iter import Prefetcher as PrefetcherIterDataPipe
 from torchdata.datapipes.iter.util.randomsplitter import _RandomSplitterIterDataPipe
 from torchdata.datapipes.iter.util.webdataset import pathsplit
 
+from torchdata_snapshot._errors import ReadingServiceError
+
 __all__ = [
     "compression_type",
     "decompressor_of",
     "DispatchPlaceholder",
     "ExceptionWrapper",
     "RandomSplitterIterDataPipe",
+    "RemoteTraceback",
     "attach_wrapper",
     "extract_wrapper",
     "find_lca_round_robin_sharding_dp",
@@ -60,6 +64,45 @@ __all__ = [
     "unbatch_dive",
     "webdataset_pathsplit",
 ]
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in another process (or thread): the cause of the
+    exception re-raised from it in this one."""
+
+
+class ExceptionWrapper(_UpstreamExceptionWrapper):
+    """Upstream's wrapper of an exception raised in a worker (or a thread), which its
+    ``reraise()`` raises in the main process. An exception of the user's pipeline is re-raised as
+    upstream does (its type, its message ``Caught ValueError in worker process 1.`` followed by
+    the worker's traceback). One of this package's (a :class:`ReadingServiceError`, such as
+    ``ChangedFileError``: its message says what happened and what to do) is re-raised with that
+    message only, the worker's traceback as its cause (``raise ... from``), so that the last
+    line a user reads is the message, not the worker's frames."""
+
+    def __init__(self, exc_info: Any = None, where: str = "in background") -> None:
+        exc_info = sys.exc_info() if exc_info is None else exc_info
+        super().__init__(exc_info, where)
+        exception = exc_info[1]
+        self.message = _own_message(exception) if isinstance(exception, ReadingServiceError) else None
+
+    def reraise(self) -> None:
+        message = getattr(self, "message", None)  # (None: an exception of the user's)
+        if message is None:
+            super().reraise()
+        cause = RemoteTraceback(f"{self.exc_type.__name__} {self.where}:\n{self.exc_msg}")
+        raise self.exc_type(message) from cause
+
+
+#: What torch's iterator hook appends to the message of an exception raised in a DataPipe's
+#: ``__iter__``, naming it (``This exception is thrown by __iter__ of MapperIterDataPipe(...)``).
+_HOOK_NOTE = "\nThis exception is thrown by "
+
+
+def _own_message(exception: BaseException) -> str:
+    """``exception``'s message as it was raised, without the notes torch's hook appended."""
+    return str(exception).split(_HOOK_NOTE, 1)[0]
+
 
 #: The placeholder DataLoader2 puts where the dispatched part of a graph was.
 DispatchPlaceholder = _DummyIterDataPipe

@@ -30,6 +30,7 @@ from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import FileLister, IterableWrapper
 
 from torchdata_snapshot import ChangedFileError, ReplayDivergenceError, StateRestoreError
+from torchdata_snapshot._compat import RemoteTraceback
 from torchdata_snapshot.core.graph import graph_datapipes
 from torchdata_snapshot.graph_state.graph_state import GraphState
 
@@ -122,6 +123,9 @@ def test_a_file_changed_between_save_and_restore_is_refused_naming_it(
             list(again)
         assert any(str(path) in str(raised.value) for path in paths), raised.value
         assert isinstance(raised.value, StateRestoreError)
+        assert "\n" not in str(raised.value), "one short message, raised in the main process"
+        assert isinstance(raised.value.__cause__, RemoteTraceback), "the worker's traceback is its cause"
+        assert "Traceback (most recent call last)" in str(raised.value.__cause__)
     finally:
         again.shutdown()
     assert again.reading_service._finalized, "the service is shut down, its workers gone"

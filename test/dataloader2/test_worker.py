@@ -1,5 +1,6 @@
 """The worker loop, driven in-process: requests go in a pipe, the loop runs, responses come out."""
 
+import pickle
 import threading
 from array import array
 from typing import Any, List, Optional
@@ -10,7 +11,13 @@ from torchdata.dataloader2.utils import WorkerInfo
 from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
 
 from torchdata_snapshot import register_state_functions
-from torchdata_snapshot._errors import ProtocolError, ReplayDivergenceError, StateCaptureError
+from torchdata_snapshot._compat import RemoteTraceback
+from torchdata_snapshot._errors import (
+    ChangedFileError,
+    ProtocolError,
+    ReplayDivergenceError,
+    StateCaptureError,
+)
 from torchdata_snapshot.checkpoint.digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot.core import messages as m
 from torchdata_snapshot.core.options import BatchingOptions, RestoreOptions, WorkerOptions
@@ -166,6 +173,27 @@ def test_a_graph_exception_follows_the_items_before_it_and_keeps_its_type() -> N
     assert isinstance(error, m.WorkerExceptionResponse)
     with pytest.raises(KeyError, match=r"(?s)Caught KeyError in worker process 0.*no such sample"):
         error.exc.reraise()
+
+
+def _file_gone_at_2(x: int) -> int:
+    if x == 2:
+        raise ChangedFileError("data/shard_06.csv is gone")
+    return x
+
+
+def test_an_error_of_the_package_raised_in_a_worker_is_its_message_with_its_traceback_as_cause() -> None:
+    responses = serve(IterableWrapper(range(5)).map(_file_gone_at_2), [reset(), m.GetNextRequest(0, 5)])
+    error = responses[-1]
+    assert isinstance(error, m.WorkerExceptionResponse)
+    with pytest.raises(ChangedFileError) as raised:
+        pickle.loads(pickle.dumps(error)).exc.reraise()  # as it crosses the pipe
+    assert str(raised.value) == (
+        "data/shard_06.csv is gone (troubleshooting: docs/troubleshooting.rst#changedfileerror)"
+    ), "one short message, naming its entry once"
+    cause = raised.value.__cause__
+    assert isinstance(cause, RemoteTraceback)
+    assert str(cause).startswith("ChangedFileError in worker process 0:\nTraceback (most recent call last):")
+    assert "in _file_gone_at_2" in str(cause), "the worker's frames"
 
 
 class _NotPicklable:
