@@ -4,7 +4,8 @@ Swap one import::
 
     from torchdata_snapshot import MultiProcessingReadingService
 
-and every upstream behaviour keeps working, plus :meth:`MultiProcessingReadingService.snapshot`.
+and every upstream behaviour keeps working, plus :meth:`MultiProcessingReadingService.snapshot`;
+:func:`load_state_dict` resumes a checkpoint with the pipeline the code builds now.
 
 The package logs through :mod:`logging`, under the logger ``torchdata_snapshot`` (one child per
 module): each restore at INFO, worker replacements and refused checkpoints at WARNING, nothing at
@@ -31,7 +32,7 @@ from torchdata_snapshot._errors import (
 )
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 from torchdata_snapshot.core.options import BatchingOptions
-from torchdata_snapshot.core.reading_service import MultiProcessingReadingService
+from torchdata_snapshot.core.reading_service import MultiProcessingReadingService, load_state_dict
 from torchdata_snapshot.graph_state.state_functions import register_state_functions
 
 __version__ = "0.1.0"
@@ -55,6 +56,7 @@ __all__ = [
     "WorkerError",
     "WorkerSnapshot",
     "WorkerTimeoutError",
+    "load_state_dict",
     "register_state_functions",
 ]
 

@@ -1,9 +1,10 @@
 """Every private torch and torchdata API this package relies on, in one place.
 
 DataLoader2's extension points cover most of what a reading service needs, but not all of it:
-the graph's serialization wrapper, its replicable-branch search, the dispatching placeholder,
-the worker-side init and reset functions, the counters torch keeps on every DataPipe, the
-fields of a few DataPipes and of ``SeedGenerator``; and one registry of ``multiprocessing``.
+the fields a restore sets on a ``DataLoader2``, the graph's serialization wrapper, its
+replicable-branch search, the dispatching placeholder, the worker-side init and reset functions,
+the counters torch keeps on every DataPipe, the fields of a few DataPipes and of
+``SeedGenerator``; and one registry of ``multiprocessing``.
 Each is reached through a name below, so that a torch or torchdata release that moves one
 breaks one line here, and the tests of this package (which run on every supported torchdata)
 say which.
@@ -13,6 +14,7 @@ Checked against torch 2.13 and torchdata 0.7.1, 0.8.0 and 0.9.0.
 
 from __future__ import annotations
 
+import pickle
 import sys
 import threading
 from multiprocessing.reduction import ForkingPickler
@@ -22,6 +24,7 @@ from torch.utils.data.datapipes.iter.combinatorics import ShufflerIterDataPipe
 from torch.utils.data.datapipes.iter.grouping import UnBatcherIterDataPipe
 from torch.utils.data.datapipes.utils.common import get_file_pathnames_from_root
 from torchdata._utils import ExceptionWrapper as _UpstreamExceptionWrapper
+from torchdata.dataloader2.dataloader2 import RANDOMNESS_STATE_KEY_NAME, READING_SERVICE_STATE_KEY_NAME
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.graph._serialization import attach_wrapper, extract_wrapper
 from torchdata.dataloader2.graph.utils import _find_replicable_branches
@@ -41,6 +44,8 @@ from torchdata_snapshot._errors import ReadingServiceError
 
 __all__ = [
     "compression_type",
+    "dataloader2_reading_service_state",
+    "dataloader2_started",
     "decompressor_of",
     "DispatchPlaceholder",
     "ExceptionWrapper",
@@ -54,6 +59,7 @@ __all__ = [
     "flatmap_expand",
     "get_file_pathnames_from_root",
     "iterator_id",
+    "load_dataloader2_state",
     "load_seed_engine_states",
     "unhooked_iter",
     "prefetcher_in_progress",
@@ -223,3 +229,32 @@ def shared_memory_types() -> Dict[type, Any]:
     and storages, which then travel through shared memory. Registering updates this same dict,
     so a reference taken before ``import torch`` stays current."""
     return ForkingPickler._extra_reducers  # type: ignore[attr-defined]
+
+
+# --- DataLoader2's restore fields ---------------------------------------------------------------
+
+
+def dataloader2_started(dataloader: Any) -> bool:
+    """Whether ``dataloader`` was iterated (its reading service initialized) or shut down: a state
+    loaded then would never reach its reading service."""
+    return bool(dataloader._adapted or dataloader._datapipe_iter is not None or dataloader._terminated)
+
+
+def dataloader2_reading_service_state(state: Any) -> Any:
+    """The reading service's part of a ``DataLoader2.state_dict()``; ``KeyError`` if it has none."""
+    return state[READING_SERVICE_STATE_KEY_NAME]
+
+
+def load_dataloader2_state(dataloader: Any, reading_service_state: Any, state: Dict[str, Any]) -> None:
+    """What ``DataLoader2.load_state_dict(state)`` does, but for the pipeline: ``dataloader``'s
+    first ``iter()`` restores ``reading_service_state`` into its reading service, with the seeds
+    ``state`` recorded (when it has them: torchdata >= 0.7), and ``state_dict()`` returns ``state``
+    until then (torchdata >= 0.8 caches it). The pipeline ``state`` pickled is not read."""
+    dataloader.reading_service_state = reading_service_state
+    randomness = state.get(RANDOMNESS_STATE_KEY_NAME)
+    if randomness is not None:
+        dataloader._seed, dataloader._reset_seed = randomness[0], randomness[1]
+        dataloader._seed_generator = pickle.loads(randomness[2])
+        dataloader._initial_seed_generator = pickle.loads(randomness[3])
+    if hasattr(dataloader, "_state_dict"):
+        dataloader._state_dict = state

@@ -22,6 +22,7 @@ PUBLIC_NAMES = [
     "WorkerSnapshot",
     "WorkerTimeoutError",
     "gather_elastic_state",
+    "load_state_dict",
     "register_elastic",
     "register_state_functions",
 ]

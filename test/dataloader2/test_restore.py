@@ -44,7 +44,9 @@ from torchdata_snapshot import (
     IncompatibleCheckpointError,
     InvalidCheckpointError,
     MultiProcessingReadingService,
+    ReadingServiceError,
     ReplayDivergenceError,
+    load_state_dict,
 )
 from torchdata_snapshot.checkpoint.format import Checkpoint
 
@@ -387,6 +389,75 @@ def test_load_state_dict_after_iteration_started_is_refused(make_dl: Any) -> Non
     take(iter(dl), 2)
     with pytest.raises(RuntimeError, match="load_state_dict"):
         dl.load_state_dict(dl.state_dict())
+
+
+def test_load_state_dict_keeps_the_pipeline_the_loader_was_built_with(make_dl: Any) -> None:
+    """``torchdata_snapshot.load_state_dict`` runs the loader's own pipeline, where
+    ``DataLoader2.load_state_dict`` runs the one pickled in the state (here another one)."""
+    dl = make_dl(tiny(30), rs(2))
+    it = iter(dl)
+    take(it, 7)
+    state = moved_onto(dl.state_dict(), tiny(30).batch(2))  # pickled: another pipeline
+    rest = list(it)
+    upstreams = make_dl(tiny(30), rs(2), seed=None)
+    upstreams.load_state_dict(state)
+    with pytest.raises(IncompatibleCheckpointError, match="another pipeline"):
+        iter(upstreams)
+    ours = make_dl(tiny(30), rs(2), seed=None)
+    load_state_dict(ours, state)
+    assert ours.state_dict() is state, "state_dict() before iter() is the state loaded"
+    assert list(ours) == rest
+    assert len(list(ours)) == 30, "then the next epoch"
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_load_state_dict_refuses_another_pipeline_at_the_call(make_dl: Any, num_workers: int) -> None:
+    dl = make_dl(tiny(30).batch(4), rs(num_workers))
+    take(iter(dl), 3)
+    state = dl.state_dict()
+    children = set(multiprocessing.active_children())
+    with pytest.raises(IncompatibleCheckpointError, match="batch_size was 4 in the checkpoint, is 5 now"):
+        load_state_dict(make_dl(tiny(30).batch(5), rs(num_workers)), state)
+    with pytest.raises(IncompatibleCheckpointError, match="another pipeline"):
+        load_state_dict(make_dl(tiny(30), rs(num_workers)), state)
+    assert set(multiprocessing.active_children()) == children, "no worker was started"
+
+
+def test_load_state_dict_under_a_sequential_reading_service_checks_at_the_first_iter(make_dl: Any) -> None:
+    from torchdata.dataloader2 import SequentialReadingService
+
+    dl = make_dl(tiny(30), SequentialReadingService(rs(2)))
+    it = iter(dl)
+    take(it, 7)
+    state = dl.state_dict()
+    rest = list(it)
+    again = make_dl(tiny(30), SequentialReadingService(rs(2)), seed=None)
+    load_state_dict(again, state)
+    assert list(again) == rest
+    other = make_dl(tiny(30).batch(5), SequentialReadingService(rs(2)), seed=None)
+    load_state_dict(other, state)
+    with pytest.raises(IncompatibleCheckpointError, match="another pipeline"):
+        iter(other)
+
+
+def test_load_state_dict_says_what_it_cannot_load_into(make_dl: Any) -> None:
+    dl = make_dl(tiny(10), rs(2))
+    take(iter(dl), 2)
+    state = dl.state_dict()
+    with pytest.raises(ReadingServiceError, match="before the DataLoader2 is first iterated"):
+        load_state_dict(dl, state)
+    with pytest.raises(ValueError, match="built without a datapipe.*DataLoader2.from_state"):
+        load_state_dict(DataLoader2(None, reading_service=rs(2)), state)
+    with pytest.raises(TypeError, match="restores into torchdata_snapshot.MultiProcessingReadingService"):
+        load_state_dict(make_dl(tiny(10), None), state)
+    with pytest.raises(
+        InvalidCheckpointError, match="not a DataLoader2 state: the dict has no 'reading_service_state'"
+    ):
+        load_state_dict(make_dl(tiny(10), rs(2)), {"serialized_datapipe": b""})
+    with pytest.raises(InvalidCheckpointError, match="not a DataLoader2 state .* not a list"):
+        load_state_dict(make_dl(tiny(10), rs(2)), [])  # type: ignore[arg-type]
+    with pytest.raises(InvalidCheckpointError, match="format is None"):
+        load_state_dict(make_dl(tiny(10), rs(2)), {**state, "reading_service_state": {"nonsense": 1}})
 
 
 def test_state_dict_after_shutdown_is_refused(make_dl: Any) -> None:

@@ -12,14 +12,20 @@ NOTE [ Snapshot protocol ] (:mod:`torchdata_snapshot.core.messages`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
+from torchdata.dataloader2 import DataLoader2
 from torchdata.dataloader2 import reading_service as upstream
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.dataloader2.reading_service import CheckpointableReadingServiceInterface
 from torchdata.dataloader2.utils.worker import WorkerInfo
 
+from torchdata_snapshot._compat import (
+    dataloader2_reading_service_state,
+    dataloader2_started,
+    load_dataloader2_state,
+)
 from torchdata_snapshot._constants import (
     DEFAULT_CONTROL_TIMEOUT_S,
     DEFAULT_MAX_ITEMS_BETWEEN_CAPTURES,
@@ -27,7 +33,7 @@ from torchdata_snapshot._constants import (
     NO_EPOCH,
     TENSOR_POOL_SLOT_BYTES,
 )
-from torchdata_snapshot._errors import ReadingServiceClosedError, ReadingServiceError
+from torchdata_snapshot._errors import InvalidCheckpointError, ReadingServiceClosedError, ReadingServiceError
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 from torchdata_snapshot.checkpoint.format import Checkpoint, GraphIdentity, graph_identity
 from torchdata_snapshot.checkpoint.moved_roots import moved_roots, resumed_where_moved
@@ -51,7 +57,17 @@ from torchdata_snapshot.core.options import (
 from torchdata_snapshot.core.plugins import require
 from torchdata_snapshot.core.session import Session, checkpoint_before_start
 
-__all__ = ["MultiProcessingReadingService"]
+__all__ = ["MultiProcessingReadingService", "load_state_dict"]
+
+
+class _Plan(NamedTuple):
+    """A restore, validated (see ``MultiProcessingReadingService._plan``)."""
+
+    state: Checkpoint  # as restored: a data directory that moved is where it is now
+    graph: GraphIdentity
+    sharding: Tuple[int, int]
+    pending: Optional[PendingRestore]
+    moved: bool  # the data directory moved: ``state`` is not the one taken
 
 
 class MultiProcessingReadingService(
@@ -62,7 +78,8 @@ class MultiProcessingReadingService(
     Same constructor and behaviour as ``torchdata.dataloader2.MultiProcessingReadingService``,
     plus :meth:`snapshot` (the RFC: one :class:`~torchdata_snapshot.WorkerSnapshot` per worker)
     and :meth:`checkpoint`/:meth:`restore`, through which ``DataLoader2.state_dict()``,
-    ``DataLoader2.from_state()`` and ``DataLoader2.load_state_dict()`` resume an epoch exactly
+    ``DataLoader2.from_state()`` and ``DataLoader2.load_state_dict()`` (the pipeline pickled in
+    the state) and :func:`load_state_dict` (the loader's own pipeline) resume an epoch exactly
     where the user stopped. Items move between processes in batches under credit-based flow
     control, without polling.
 
@@ -269,12 +286,18 @@ class MultiProcessingReadingService(
         size restarts the epoch over the elements the user had not received (see ``_elastic``).
         """
         self._check_open()
+        plan = self._plan(datapipe, serialized_state)
+        epoch = plan.state.epoch if plan.pending is None else plan.state.epoch - 1  # the last epoch started
+        return self._initialize(datapipe, plan.graph, plan.sharding, epoch, plan.pending)
+
+    def _plan(self, datapipe: DataPipe, serialized_state: Any) -> _Plan:
+        """What restoring ``serialized_state`` for ``datapipe`` resumes, validated; nothing starts."""
         sharding, graph = sharding_of(datapipe), graph_identity(datapipe)
-        state = Checkpoint.from_plain(serialized_state)
-        state = resumed_where_moved(state, moved_roots(state, datapipe, graph))
+        taken = Checkpoint.from_plain(serialized_state)
+        moves = moved_roots(taken, datapipe, graph)
+        state = resumed_where_moved(taken, moves)
         pending = plan_restore(state, datapipe, graph, sharding, self.num_workers, self.elastic)
-        epoch = state.epoch if pending is None else state.epoch - 1  # the last epoch started
-        return self._initialize(datapipe, graph, sharding, epoch, pending)
+        return _Plan(state, graph, sharding, pending, bool(moves))
 
     # --- pause / resume / limit (upstream semantics) ------------------------------------------
 
@@ -337,3 +360,65 @@ class MultiProcessingReadingService(
     def __repr__(self) -> str:
         names = ("num_workers", "multiprocessing_context", "worker_prefetch_cnt", "main_prefetch_cnt")
         return f"{type(self).__name__}({', '.join(f'{name}={getattr(self, name)!r}' for name in names)})"
+
+
+def load_state_dict(dataloader: DataLoader2, state: Dict[str, Any]) -> None:
+    """Load ``state`` (what ``DataLoader2.state_dict()`` returned, through ``torch.save``/
+    ``torch.load`` or ``pickle`` too) into ``dataloader``, *keeping the datapipe it was built
+    with*: its next ``iter()`` continues where the user of ``state`` stopped.
+
+    ``DataLoader2.load_state_dict(state)`` and ``DataLoader2.from_state(state, ...)`` restore the
+    pipeline pickled in ``state`` instead, whatever the code builds now: a batch size changed
+    since, or the new path of a data directory that moved, never reaches them. Here ``state``
+    gives the positions, the seeds and the reading service's state only, checked against
+    ``dataloader``'s pipeline now, before any worker starts: another structure or an argument
+    that changes the data (``batch(8)`` for ``batch(4)``) raises
+    :class:`~torchdata_snapshot.IncompatibleCheckpointError` naming the DataPipe and the argument;
+    a ``FileLister`` root that is another path is a data directory that moved, which resumes
+    there when the files the restore reads again are the same (their names below the root, sizes
+    and modification times), and raises :class:`~torchdata_snapshot.ChangedFileError` naming each
+    one that is not. Under ``SequentialReadingService`` the checks wait for the first ``iter()``
+    (the sharding its other services apply is part of them); they still come before any worker.
+
+    ``state_dict()`` returns ``state`` until the next ``iter()``, as after upstream's calls.
+
+    Args:
+        dataloader: a ``DataLoader2`` not iterated yet, built with the pipeline to resume and a
+            :class:`MultiProcessingReadingService` (or a ``SequentialReadingService`` holding one).
+        state: what ``DataLoader2.state_dict()`` returned when the checkpoint was taken.
+    """
+    if not isinstance(dataloader, DataLoader2):
+        raise TypeError(f"load_state_dict() loads into a DataLoader2, not a {type(dataloader).__name__}")
+    if dataloader2_started(dataloader):
+        raise ReadingServiceError(
+            "load_state_dict() must come before the DataLoader2 is first iterated or shut down: create "
+            "a new DataLoader2 and load the state into it"
+        )
+    if dataloader.datapipe is None:
+        raise ValueError(
+            "this DataLoader2 was built without a datapipe: build it with the pipeline to resume, or "
+            "restore the one pickled in the state with DataLoader2.from_state(state, reading_service)"
+        )
+    try:
+        service_state = dataloader2_reading_service_state(state) if isinstance(state, dict) else None
+    except KeyError as e:
+        raise InvalidCheckpointError(f"not a DataLoader2 state: the dict has no {e} entry") from e
+    if service_state is None:
+        raise InvalidCheckpointError(
+            "not a DataLoader2 state with a reading service's: load what DataLoader2.state_dict() of a "
+            f"loader with a MultiProcessingReadingService returned, not a {type(state).__name__}"
+            + (" without one" if isinstance(state, dict) else "")
+        )
+    service = dataloader.reading_service
+    if isinstance(service, MultiProcessingReadingService):
+        plan = service._plan(dataloader.datapipe, service_state)  # refusals now, at this call
+        if plan.moved:
+            service_state = plan.state.to_plain()
+    elif not any(
+        isinstance(rs, MultiProcessingReadingService) for rs in getattr(service, "reading_services", ())
+    ):
+        raise TypeError(
+            "load_state_dict() restores into torchdata_snapshot.MultiProcessingReadingService (or a "
+            f"SequentialReadingService holding one), and this DataLoader2 has {service!r}"
+        )
+    load_dataloader2_state(dataloader, service_state, state)
