@@ -124,6 +124,13 @@ def test_a_file_changed_between_save_and_restore_is_refused_naming_it(
         assert any(str(path) in str(raised.value) for path in paths), raised.value
         assert isinstance(raised.value, StateRestoreError)
         assert "\n" not in str(raised.value), "one short message, raised in the main process"
+        what_to_do = {
+            "deleted": "is gone (No such file or directory): put it back, or resume from a checkpoint "
+            "taken without it; if the data moved, build the pipeline on its new directory and resume "
+            "with torchdata_snapshot.load_state_dict(dataloader, state)",
+            "appended": "put the file back as it was, or resume from a checkpoint taken since it changed",
+        }
+        assert what_to_do.get(change, what_to_do["appended"]) in str(raised.value), "what to do"
         assert isinstance(raised.value.__cause__, RemoteTraceback), "the worker's traceback is its cause"
         assert "Traceback (most recent call last)" in str(raised.value.__cause__)
     finally:
@@ -216,8 +223,13 @@ def test_a_directory_listing_changed_between_save_and_restore_is_refused_naming_
     LISTING_CHANGES[change](tmp_path)
     again = DataLoader2.from_state(state, rs(2))
     try:
-        with pytest.raises(ChangedFileError, match=f"{tmp_path} lists other files than when the state"):
+        with pytest.raises(
+            ChangedFileError, match=f"{tmp_path} lists other files than when the state"
+        ) as raised:
             list(again)
+        assert "put its files back as they were, or resume from a checkpoint taken since they changed" in (
+            str(raised.value)
+        )
     finally:
         again.shutdown()
 

@@ -417,8 +417,9 @@ class ResumableFileLister(Resumable):
             if len(paths) < yielded or listed.hexdigest() != state["listed"]:
                 raise ChangedFileError(
                     f"{root} lists other files than when the state was taken: the {yielded} it had "
-                    f"handed on are not its first {yielded} now (a file added, removed or renamed); "
-                    f"resuming would skip or repeat files"
+                    f"handed on are not its first {yielded} now (a file added, removed or renamed): "
+                    "resuming would skip or repeat files; put its files back as they were, or resume "
+                    "from a checkpoint taken since they changed"
                 )
         return state
 

@@ -88,11 +88,16 @@ class FileOrigin:
         try:
             now = self.current_fingerprint()
         except OSError as e:  # FileNotFoundError among them
-            raise ChangedFileError(f"{self.path} was read before the checkpoint and is gone: {e}") from e
+            raise ChangedFileError(
+                f"{self.path} was read before the checkpoint and is gone ({e.strerror or e}): put it back, "
+                "or resume from a checkpoint taken without it; if the data moved, build the pipeline on "
+                "its new directory and resume with torchdata_snapshot.load_state_dict(dataloader, state)"
+            ) from e
         if now != self.fingerprint:
             raise ChangedFileError(
                 f"{self.path} changed since it was read before the checkpoint (size and modification time "
-                f"{self.fingerprint} then, {now} now): resuming would hand out other records"
+                f"{self.fingerprint} then, {now} now): resuming would hand out other records; put the "
+                "file back as it was, or resume from a checkpoint taken since it changed"
             )
 
     def open(self) -> StreamWrapper:
