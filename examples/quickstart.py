@@ -4,8 +4,8 @@
 
 A tiny model trains on a shuffled, augmented, batched pipeline read by two workers. After
 ``CRASH_AT`` steps the job "crashes"; a new loader and model are built from the last
-checkpoint, and training continues. The batches seen are checked against a run that never
-stopped.
+checkpoint (the pipeline built by the same code, the checkpoint loaded into it), and training
+continues. The batches seen are checked against a run that never stopped.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from torchdata.dataloader2 import DataLoader2  # noqa: E402
 from torchdata.datapipes.iter import IterableWrapper  # noqa: E402
 
-from torchdata_snapshot import MultiProcessingReadingService  # noqa: E402
+from torchdata_snapshot import MultiProcessingReadingService, load_state_dict  # noqa: E402
 
 EPOCHS, CHECKPOINT_EVERY, CRASH_AT = 2, 10, 37
 
@@ -54,14 +54,14 @@ def train(checkpoint: Path, crash_at: Optional[int], resume: bool) -> List[float
     torch.manual_seed(0)
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    dl = DataLoader2(build_pipeline(), reading_service=reading_service())
     if resume:
         state = torch.load(checkpoint)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        dl = DataLoader2.from_state(state["data"], reading_service())
+        load_state_dict(dl, state["data"])  # checked against the pipeline just built, which runs
         step, epoch = state["step"], state["epoch"]
     else:
-        dl = DataLoader2(build_pipeline(), reading_service=reading_service())
         dl.seed(2024)
         step, epoch = 0, 0
     seen: List[float] = []
