@@ -13,10 +13,10 @@ from typing import Any, List
 import pytest
 from pipelines import double, kill_once_at, rs, take, tiny, unseeded_noise
 from torchdata.dataloader2 import DataLoader2
-from torchdata.datapipes.iter import IterableWrapper
+from torchdata.datapipes.iter import FileLister, IterableWrapper
 
 import torchdata_snapshot
-from torchdata_snapshot import IncompatibleCheckpointError, ReplayDivergenceError
+from torchdata_snapshot import ChangedFileError, IncompatibleCheckpointError, ReplayDivergenceError
 from torchdata_snapshot.checkpoint import replay as _replay
 from torchdata_snapshot.checkpoint.format import Checkpoint
 from torchdata_snapshot.checkpoint.replay import ReplayProgressLog
@@ -264,6 +264,31 @@ def test_a_refused_checkpoint_is_logged_at_warning_before_any_worker_starts(
             "num_workers=2, this reading service has num_workers=3"
         )
     )
+
+
+def test_a_refusal_by_load_state_dict_is_logged_at_warning_at_the_call(
+    make_dl: Any, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """At the call: another argument, and files that are not the same where the data moved."""
+    dl = make_dl(tiny(40).batch(4), rs(2))
+    take(iter(dl), 3)
+    with pytest.raises(IncompatibleCheckpointError):
+        torchdata_snapshot.load_state_dict(make_dl(tiny(40).batch(8), rs(2)), dl.state_dict())
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.txt").write_text("".join(f"line {i}\n" for i in range(20)))
+    lines = FileLister(str(tmp_path / "data")).sharding_filter().open_files().readlines()
+    dl = make_dl(lines, rs(2, max_items_between_captures=1))
+    take(iter(dl), 5)
+    state = dl.state_dict()
+    (tmp_path / "moved").mkdir()  # the data moved, its file did not
+    moved = FileLister(str(tmp_path / "moved")).sharding_filter().open_files().readlines()
+    with pytest.raises(ChangedFileError):
+        torchdata_snapshot.load_state_dict(make_dl(moved, rs(2)), state)
+    warnings = [(r.name, r.getMessage()) for r in records(caplog, logging.WARNING)]
+    assert [name for name, _ in warnings] == ["torchdata_snapshot.checkpoint.restore_plan"] * 2
+    assert warnings[0][1].startswith("the checkpoint was refused: IncompatibleCheckpointError: ")
+    assert "batch_size was 4 in the checkpoint, is 8 now" in warnings[0][1]
+    assert warnings[1][1].startswith("the checkpoint was refused: ChangedFileError: the data moved")
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -39,14 +39,15 @@ def log_refusal(error: CheckpointError, when: str = "") -> None:
 
 
 def logs_refusals(restore: F) -> F:
-    """``restore`` (the reading service's), logging a checkpoint it refuses before any process
-    starts (:func:`log_refusal`)."""
+    """``restore`` (the reading service's planning of one), logging a checkpoint it refuses
+    before any process starts (:func:`log_refusal`): invalid, incompatible, or files that are not
+    the same where the data moved."""
 
     @functools.wraps(restore)
     def logged(*args: Any, **kwargs: Any) -> Any:
         try:
             return restore(*args, **kwargs)
-        except (InvalidCheckpointError, IncompatibleCheckpointError) as e:
+        except CheckpointError as e:
             log_refusal(e)
             raise
 

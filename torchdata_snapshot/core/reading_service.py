@@ -272,7 +272,6 @@ class MultiProcessingReadingService(
             return checkpoint_before_start(self.num_workers)
         return self._session.checkpoint()
 
-    @logs_refusals
     def restore(self, datapipe: DataPipe, serialized_state: Any) -> DataPipe:
         """Start the service for ``datapipe`` so that its next epoch resumes ``serialized_state``.
 
@@ -290,6 +289,7 @@ class MultiProcessingReadingService(
         epoch = plan.state.epoch if plan.pending is None else plan.state.epoch - 1  # the last epoch started
         return self._initialize(datapipe, plan.graph, plan.sharding, epoch, plan.pending)
 
+    @logs_refusals
     def _plan(self, datapipe: DataPipe, serialized_state: Any) -> _Plan:
         """What restoring ``serialized_state`` for ``datapipe`` resumes, validated; nothing starts."""
         sharding, graph = sharding_of(datapipe), graph_identity(datapipe)
