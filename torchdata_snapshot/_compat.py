@@ -24,7 +24,6 @@ from torch.utils.data.datapipes.iter.combinatorics import ShufflerIterDataPipe
 from torch.utils.data.datapipes.iter.grouping import UnBatcherIterDataPipe
 from torch.utils.data.datapipes.utils.common import get_file_pathnames_from_root
 from torchdata._utils import ExceptionWrapper as _UpstreamExceptionWrapper
-from torchdata.dataloader2.dataloader2 import RANDOMNESS_STATE_KEY_NAME, READING_SERVICE_STATE_KEY_NAME
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.graph._serialization import attach_wrapper, extract_wrapper
 from torchdata.dataloader2.graph.utils import _find_replicable_branches
@@ -242,6 +241,9 @@ def dataloader2_started(dataloader: Any) -> bool:
 
 def dataloader2_reading_service_state(state: Any) -> Any:
     """The reading service's part of a ``DataLoader2.state_dict()``; ``KeyError`` if it has none."""
+    # Imported here: in torchdata's tree this module loads while dataloader2.py is being imported.
+    from torchdata.dataloader2.dataloader2 import READING_SERVICE_STATE_KEY_NAME
+
     return state[READING_SERVICE_STATE_KEY_NAME]
 
 
@@ -250,6 +252,8 @@ def load_dataloader2_state(dataloader: Any, reading_service_state: Any, state: D
     first ``iter()`` restores ``reading_service_state`` into its reading service, with the seeds
     ``state`` recorded (when it has them: torchdata >= 0.7), and ``state_dict()`` returns ``state``
     until then (torchdata >= 0.8 caches it). The pipeline ``state`` pickled is not read."""
+    from torchdata.dataloader2.dataloader2 import RANDOMNESS_STATE_KEY_NAME  # see above
+
     dataloader.reading_service_state = reading_service_state
     randomness = state.get(RANDOMNESS_STATE_KEY_NAME)
     if randomness is not None:

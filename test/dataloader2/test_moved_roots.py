@@ -16,13 +16,17 @@ from torchdata.datapipes.iter import FileLister
 
 from torchdata_snapshot._errors import ChangedFileError
 from torchdata_snapshot.checkpoint.format import Checkpoint, WorkerPosition, graph_identity
-from torchdata_snapshot.checkpoint.moved_roots import MovedRoot, moved_roots, resumed_where_moved
+from torchdata_snapshot.checkpoint.moved_roots import (
+    MovedRoot,
+    described_files,
+    moved_roots,
+    resumed_where_moved,
+)
 from torchdata_snapshot.checkpoint.rng_states import packed_global_rng_state
 from torchdata_snapshot.checkpoint.seeds import seed_state
 from torchdata_snapshot.graph_state.file_origins import (
     FileOrigin,
     describe,
-    described_files,
     file_origin,
     pack_opened,
     unpack_opened,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from torch.utils.data.datapipes.iter.filelister import FileListerIterDataPipe
 from torchdata.dataloader2.graph import DataPipe
@@ -35,11 +35,14 @@ from torchdata_snapshot._errors import ChangedFileError
 from torchdata_snapshot.checkpoint.format import Checkpoint, GraphIdentity
 from torchdata_snapshot.core.graph import graph_datapipes
 from torchdata_snapshot.graph_state.file_origins import (
+    ArchiveMemberOrigin,
+    DecompressedOrigin,
     FileOrigin,
-    described_files,
+    Origin,
+    _nested,
+    _Reopen,
     pack_opened,
     unpack_opened,
-    with_paths,
 )
 from torchdata_snapshot.graph_state.graph_state import rewrite_graph_state
 
@@ -192,3 +195,55 @@ def _shown_time(time: Any) -> str:
         moment = datetime.datetime.fromtimestamp(time / 1e9, datetime.timezone.utc)
         return moment.isoformat(sep=" ", timespec="microseconds")
     return str(time)
+
+
+# --- files seen where the data moved (described values are file_origins') --------------------
+
+
+def files_of(origin: Origin) -> Tuple[FileOrigin, ...]:
+    """The file an origin's stream comes from (through its decompressions and archives)."""
+    if isinstance(origin, DecompressedOrigin):
+        return files_of(origin.inner)
+    if isinstance(origin, ArchiveMemberOrigin):
+        return files_of(origin.archive)
+    return (origin,)
+
+
+def described_files(value: Any) -> List[FileOrigin]:
+    """The files of the streams a described value (see :func:`describe`) refers to, in order."""
+    found: List[FileOrigin] = []
+
+    def note(leaf: Any) -> Any:
+        if isinstance(leaf, _Reopen):
+            found.extend(files_of(leaf.origin))
+        elif isinstance(leaf, (FileOrigin, DecompressedOrigin, ArchiveMemberOrigin)):
+            found.extend(files_of(leaf))
+        return leaf
+
+    _nested(value, note)
+    return found
+
+
+def with_paths(value: Any, path: Callable[[str], str]) -> Any:
+    """``value`` (plain data, or a described value) with ``path`` applied to every string inside
+    its tuples, lists and dicts and to the path of every file its origins name: the value as it
+    would read had its files been where ``path`` puts them (a data directory that moved).
+    Anything else, archive members' names among it, stays as it is."""
+
+    def moved_origin(origin: Origin) -> Origin:
+        if isinstance(origin, DecompressedOrigin):
+            return replace(origin, inner=moved_origin(origin.inner))
+        if isinstance(origin, ArchiveMemberOrigin):
+            return replace(origin, archive=moved_origin(origin.archive))
+        return replace(origin, path=path(origin.path))
+
+    def leaf(value: Any) -> Any:
+        if isinstance(value, str):
+            return path(value)
+        if isinstance(value, _Reopen):
+            return _Reopen(moved_origin(value.origin), None if value.name is None else path(value.name))
+        if isinstance(value, (FileOrigin, DecompressedOrigin, ArchiveMemberOrigin)):
+            return moved_origin(value)
+        return value
+
+    return _nested(value, leaf)

@@ -23,8 +23,8 @@ import os
 import pickle
 import tarfile
 import zipfile
-from dataclasses import dataclass, replace
-from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import IO, Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
@@ -39,15 +39,12 @@ __all__ = [
     "check_described",
     "check_opened",
     "describe",
-    "described_files",
     "file_origin",
-    "files_of",
     "origin_of",
     "pack_opened",
     "rebuild",
     "unpack_opened",
     "with_origin",
-    "with_paths",
 ]
 
 
@@ -283,52 +280,3 @@ def _rebuilt(value: Any) -> Any:
 def rebuild(value: Any) -> Any:
     """The value :func:`describe` described, its streams opened again at their start."""
     return _nested(value, _rebuilt)
-
-
-def files_of(origin: Origin) -> Tuple[FileOrigin, ...]:
-    """The file an origin's stream comes from (through its decompressions and archives)."""
-    if isinstance(origin, DecompressedOrigin):
-        return files_of(origin.inner)
-    if isinstance(origin, ArchiveMemberOrigin):
-        return files_of(origin.archive)
-    return (origin,)
-
-
-def described_files(value: Any) -> List[FileOrigin]:
-    """The files of the streams a described value (see :func:`describe`) refers to, in order."""
-    found: List[FileOrigin] = []
-
-    def note(leaf: Any) -> Any:
-        if isinstance(leaf, _Reopen):
-            found.extend(files_of(leaf.origin))
-        elif isinstance(leaf, (FileOrigin, DecompressedOrigin, ArchiveMemberOrigin)):
-            found.extend(files_of(leaf))
-        return leaf
-
-    _nested(value, note)
-    return found
-
-
-def with_paths(value: Any, path: Callable[[str], str]) -> Any:
-    """``value`` (plain data, or a described value) with ``path`` applied to every string inside
-    its tuples, lists and dicts and to the path of every file its origins name: the value as it
-    would read had its files been where ``path`` puts them (a data directory that moved).
-    Anything else, archive members' names among it, stays as it is."""
-
-    def moved_origin(origin: Origin) -> Origin:
-        if isinstance(origin, DecompressedOrigin):
-            return replace(origin, inner=moved_origin(origin.inner))
-        if isinstance(origin, ArchiveMemberOrigin):
-            return replace(origin, archive=moved_origin(origin.archive))
-        return replace(origin, path=path(origin.path))
-
-    def leaf(value: Any) -> Any:
-        if isinstance(value, str):
-            return path(value)
-        if isinstance(value, _Reopen):
-            return _Reopen(moved_origin(value.origin), None if value.name is None else path(value.name))
-        if isinstance(value, (FileOrigin, DecompressedOrigin, ArchiveMemberOrigin)):
-            return moved_origin(value)
-        return value
-
-    return _nested(value, leaf)
