@@ -31,8 +31,9 @@ from torchdata_snapshot._errors import (
     WorkerTimeoutError,
 )
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
+from torchdata_snapshot.core.load_state import load_state_dict
 from torchdata_snapshot.core.options import BatchingOptions
-from torchdata_snapshot.core.reading_service import MultiProcessingReadingService, load_state_dict
+from torchdata_snapshot.core.reading_service import MultiProcessingReadingService
 from torchdata_snapshot.graph_state.state_functions import register_state_functions
 
 __version__ = "0.1.0"
