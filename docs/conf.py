@@ -33,7 +33,8 @@ nitpicky = True
 # Types of torch and torchdata (no network for intersphinx here) and typing internals.
 nitpick_ignore_regex = [
     (r"py:.*", r"(torch|torchdata|multiprocessing|collections|typing)\..*"),
-    (r"py:.*", r"(DataPipe|SeedGenerator|WorkerInfo|BatchingOptions|Checkpoint|Mark|GraphState|T|Any)"),
+    (r"py:.*", r"(DataPipe|DataLoader2|SeedGenerator|WorkerInfo|BatchingOptions|Checkpoint|Mark)"),
+    (r"py:.*", r"(GraphState|T|Any)"),
     (r"py:.*", r"(Callable|Optional|Dict|List|Tuple|Sequence|Iterator|Iterable|Deque|Type)"),
     (r"py:class", r"(torchdata_snapshot\..*|upstream\..*)"),
 ]
