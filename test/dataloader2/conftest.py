@@ -166,7 +166,8 @@ def no_leftover_processes_or_shared_memory(request: pytest.FixtureRequest) -> An
 
 @pytest.fixture
 def make_dl() -> Any:
-    """``make_dl(datapipe, reading_service, seed=0)``: a seeded DataLoader2, shut down after the test."""
+    """``make_dl(datapipe, reading_service, seed=0)``: a seeded DataLoader2, shut down after the test;
+    a loader made otherwise (``DataLoader2.from_state``) is too once added to ``make_dl.created``."""
     created: List[DataLoader2] = []
 
     def make(datapipe: Any, reading_service: Any, seed: Any = 0) -> DataLoader2:
@@ -176,6 +177,7 @@ def make_dl() -> Any:
         created.append(dl)
         return dl
 
+    make.created = created  # type: ignore[attr-defined]
     yield make
     for dl in created:
         dl.shutdown()

@@ -48,21 +48,6 @@ def restored(make_dl: Any, state: Any, service: Any) -> DataLoader2:
     return dl
 
 
-@pytest.fixture
-def make_dl(make_dl: Any) -> Any:  # type: ignore[override]
-    created: List[DataLoader2] = []
-
-    def make(*args: Any, **kwargs: Any) -> Any:
-        dl = make_dl(*args, **kwargs)
-        created.append(dl)
-        return dl
-
-    make.created = created  # type: ignore[attr-defined]
-    yield make
-    for dl in created:
-        dl.shutdown()
-
-
 def reading_service_state(state: Any) -> Checkpoint:
     return Checkpoint.from_plain(state["reading_service_state"])
 

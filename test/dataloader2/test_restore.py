@@ -57,21 +57,6 @@ def restored(make_dl: Any, state: Any, service: Any = None) -> DataLoader2:
     return dl
 
 
-@pytest.fixture
-def make_dl(make_dl: Any) -> Any:  # type: ignore[override]
-    created = []
-
-    def make(*args: Any, **kwargs: Any) -> Any:
-        dl = make_dl(*args, **kwargs)
-        created.append(dl)
-        return dl
-
-    make.created = created  # type: ignore[attr-defined]
-    yield make
-    for dl in created:
-        dl.shutdown()
-
-
 def test_the_service_is_checkpointable() -> None:
     from torchdata.dataloader2.reading_service import CheckpointableReadingServiceInterface
 
