@@ -39,8 +39,8 @@ from torchdata_snapshot.graph_state.file_origins import (
     DecompressedOrigin,
     FileOrigin,
     Origin,
-    _nested,
-    _Reopen,
+    Reopen,
+    map_nested,
     pack_opened,
     unpack_opened,
 )
@@ -214,13 +214,13 @@ def described_files(value: Any) -> List[FileOrigin]:
     found: List[FileOrigin] = []
 
     def note(leaf: Any) -> Any:
-        if isinstance(leaf, _Reopen):
+        if isinstance(leaf, Reopen):
             found.extend(files_of(leaf.origin))
         elif isinstance(leaf, (FileOrigin, DecompressedOrigin, ArchiveMemberOrigin)):
             found.extend(files_of(leaf))
         return leaf
 
-    _nested(value, note)
+    map_nested(value, note)
     return found
 
 
@@ -240,10 +240,10 @@ def with_paths(value: Any, path: Callable[[str], str]) -> Any:
     def leaf(value: Any) -> Any:
         if isinstance(value, str):
             return path(value)
-        if isinstance(value, _Reopen):
-            return _Reopen(moved_origin(value.origin), None if value.name is None else path(value.name))
+        if isinstance(value, Reopen):
+            return Reopen(moved_origin(value.origin), None if value.name is None else path(value.name))
         if isinstance(value, (FileOrigin, DecompressedOrigin, ArchiveMemberOrigin)):
             return moved_origin(value)
         return value
 
-    return _nested(value, leaf)
+    return map_nested(value, leaf)

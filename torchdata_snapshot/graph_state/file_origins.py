@@ -36,10 +36,12 @@ __all__ = [
     "DecompressedOrigin",
     "FileOrigin",
     "Origin",
+    "Reopen",
     "check_described",
     "check_opened",
     "describe",
     "file_origin",
+    "map_nested",
     "origin_of",
     "pack_opened",
     "rebuild",
@@ -220,29 +222,29 @@ def check_opened(packed: Sequence[bytes]) -> None:
 
 
 @dataclass(frozen=True)
-class _Reopen:
+class Reopen:
     """In a described element: the stream that :func:`rebuild` opens again."""
 
     origin: Origin
     name: Optional[str]
 
 
-def _nested(value: Any, leaf: Callable[[Any], Any]) -> Any:
+def map_nested(value: Any, leaf: Callable[[Any], Any]) -> Any:
     """``value`` with ``leaf`` applied to everything inside its tuples, lists and dicts."""
     if isinstance(value, tuple):
-        items = tuple(_nested(v, leaf) for v in value)
+        items = tuple(map_nested(v, leaf) for v in value)
         return type(value)(*items) if hasattr(value, "_fields") else items
     if isinstance(value, list):
-        return [_nested(v, leaf) for v in value]
+        return [map_nested(v, leaf) for v in value]
     if isinstance(value, dict):
-        return {k: _nested(v, leaf) for k, v in value.items()}
+        return {k: map_nested(v, leaf) for k, v in value.items()}
     return leaf(value)
 
 
 def _described(value: Any) -> Any:
     origin = origin_of(value)
     if origin is not None:
-        return _Reopen(origin, value.name)
+        return Reopen(origin, value.name)
     if isinstance(value, (StreamWrapper, io.IOBase)):
         raise StateCaptureError(
             f"a state refers to a stream that cannot be opened again ({value!r:.200}): only streams "
@@ -255,22 +257,22 @@ def _described(value: Any) -> Any:
 def describe(value: Any) -> Any:
     """``value`` with each stream that has an origin (inside tuples, lists and dicts) replaced by
     its origin; :class:`StateCaptureError` for any other stream, which cannot be opened again."""
-    return _nested(value, _described)
+    return map_nested(value, _described)
 
 
 def _checked(value: Any) -> Any:
-    if isinstance(value, _Reopen):
+    if isinstance(value, Reopen):
         value.origin.check()
     return value
 
 
 def check_described(value: Any) -> None:
     """Raise :class:`ChangedFileError` if a file a described value refers to changed."""
-    _nested(value, _checked)
+    map_nested(value, _checked)
 
 
 def _rebuilt(value: Any) -> Any:
-    if not isinstance(value, _Reopen):
+    if not isinstance(value, Reopen):
         return value
     stream = value.origin.open()
     stream.name = value.name
@@ -279,4 +281,4 @@ def _rebuilt(value: Any) -> Any:
 
 def rebuild(value: Any) -> Any:
     """The value :func:`describe` described, its streams opened again at their start."""
-    return _nested(value, _rebuilt)
+    return map_nested(value, _rebuilt)
