@@ -15,7 +15,8 @@ from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import FileLister
 
 from torchdata_snapshot._errors import ChangedFileError
-from torchdata_snapshot.checkpoint.format import Checkpoint, WorkerPosition, graph_identity
+from torchdata_snapshot.checkpoint.format import Checkpoint, WorkerPosition
+from torchdata_snapshot.checkpoint.identity import graph_identity
 from torchdata_snapshot.checkpoint.moved_roots import (
     MovedRoot,
     described_files,

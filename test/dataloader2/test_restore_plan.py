@@ -13,7 +13,8 @@ from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import IterableWrapper
 
 from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
-from torchdata_snapshot.checkpoint.format import Checkpoint, WorkerPosition, graph_identity
+from torchdata_snapshot.checkpoint.format import Checkpoint, WorkerPosition
+from torchdata_snapshot.checkpoint.identity import graph_identity
 from torchdata_snapshot.checkpoint.restore_plan import (
     PendingRestore,
     plan_restore,

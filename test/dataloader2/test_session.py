@@ -11,7 +11,8 @@ from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import IterableWrapper
 
 from torchdata_snapshot._constants import NO_EPOCH
-from torchdata_snapshot.checkpoint.format import Checkpoint, graph_identity
+from torchdata_snapshot.checkpoint.format import Checkpoint
+from torchdata_snapshot.checkpoint.identity import graph_identity
 from torchdata_snapshot.checkpoint.restore_plan import PendingRestore, plan_restore
 from torchdata_snapshot.checkpoint.seeds import seed_state
 from torchdata_snapshot.core.session import Session, checkpoint_before_start

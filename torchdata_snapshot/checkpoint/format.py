@@ -14,7 +14,7 @@ Keys (``Checkpoint.to_plain()``)::
     format        "torchdata_snapshot.MultiProcessingReadingService"
     version       FORMAT_VERSION (an int; other versions are refused with a clear error)
     num_workers   the number of workers the state was taken with
-    fingerprint   digest of the pipeline's structure (see ``graph_fingerprint``)
+    fingerprint   digest of the pipeline's structure (``identity.graph_fingerprint``)
     arguments     per DataPipe (by ``datapipe_key``, e.g. "0:BatcherIterDataPipe"), the plain
                   constructor arguments that determine its data, wherever it keeps them, in
                   their compared form ({"batch_size": 4, "drop_last": false}; {"mode": "rt",
@@ -63,27 +63,13 @@ import json
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple
-
-from torchdata.dataloader2.graph import DataPipe, traverse_dps
+from typing import Any, Dict, Literal, Optional, Tuple
 
 from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
-from torchdata_snapshot.checkpoint.arguments import (
-    Arguments,
-    Reading,
-    argument_changes,
-    datapipe_arguments,
-    reading_of,
-)
+from torchdata_snapshot.checkpoint.arguments import Arguments, argument_changes
+from torchdata_snapshot.checkpoint.identity import GraphIdentity
 from torchdata_snapshot.checkpoint.seeds import check_seed_state
-from torchdata_snapshot.core.graph import (
-    FUNCTION_ATTRIBUTES,
-    NOT_PLAIN,
-    describe_datapipe,
-    function_name,
-    graph_datapipes,
-    plain_data,
-)
+from torchdata_snapshot.core.graph import NOT_PLAIN, plain_data
 from torchdata_snapshot.core.messages import Level
 
 __all__ = [
@@ -91,13 +77,9 @@ __all__ = [
     "FORMAT_VERSION",
     "Arguments",
     "Checkpoint",
-    "GraphIdentity",
     "CapturedState",
     "ShardingProgress",
     "WorkerPosition",
-    "graph_arguments",
-    "graph_fingerprint",
-    "graph_identity",
 ]
 
 FORMAT = "torchdata_snapshot.MultiProcessingReadingService"
@@ -154,19 +136,6 @@ class WorkerPosition:
     taken: Optional[int] = None
     partial: Optional[int] = None
     opened: Tuple[bytes, ...] = ()
-
-
-@dataclass(frozen=True)
-class GraphIdentity:
-    """Which pipeline a state belongs to: the ``fingerprint`` of its structure and the plain
-    constructor ``arguments`` of its DataPipes (``None``: not recorded, as before a reading
-    service ran). A pipeline's own identity also has the ``readings`` its arguments were read
-    with, by key, which read a checkpoint's record of them (NOTE [ Argument readings ]); a
-    state's has none, and they are not part of what identifies the pipeline."""
-
-    fingerprint: str
-    arguments: Optional[Arguments] = None
-    readings: Mapping[str, Reading] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -506,54 +475,3 @@ def _checksum(state: Dict[str, Any]) -> str:
 
     h.update(json.dumps(content, sort_keys=True, separators=(",", ":"), default=blobs).encode())
     return h.hexdigest()
-
-
-def _describe_node(dp: DataPipe) -> str:
-    words = [describe_datapipe(dp)]
-    for attribute in FUNCTION_ATTRIBUTES:
-        fn = getattr(dp, attribute, None)
-        if callable(fn):
-            words.append(f"{attribute}={function_name(fn)}")
-    return " ".join(words)
-
-
-def graph_identity(datapipe: DataPipe) -> GraphIdentity:
-    """The graph's fingerprint and arguments, as a state records them and a restore checks them,
-    and the readings of its arguments (NOTE [ Argument readings ])."""
-    graph = graph_datapipes(datapipe)
-    readings = {key: reading_of(dp) for key, dp in graph}
-    arguments = {key: readings[key].record(dp) for key, dp in graph}
-    return GraphIdentity(graph_fingerprint(datapipe), arguments, readings)
-
-
-def graph_arguments(datapipe: DataPipe) -> Arguments:
-    """The constructor arguments of every DataPipe of the graph that determine its data (see
-    :func:`~torchdata_snapshot.checkpoint.arguments.datapipe_arguments`), by ``datapipe_key``."""
-    return {key: datapipe_arguments(dp) for key, dp in graph_datapipes(datapipe)}
-
-
-def graph_fingerprint(datapipe: DataPipe) -> str:
-    """A digest of the graph's structure: DataPipe types, their map/filter functions, the edges.
-
-    Two pipelines built by the same code have the same fingerprint; a pipeline with another
-    DataPipe, another function or another shape has another one. Constructor arguments (batch
-    sizes, buffer sizes, the values a ``functools.partial`` binds) are not part of it: a state
-    records them beside it (:func:`graph_arguments`), so that a mismatch names the DataPipe and
-    the argument; a ``functools.partial`` counts here as ``functools.partial``, there as its
-    function's name. The data itself is part of neither. The digest is the one of format
-    versions 1 to 3, so that their states still restore.
-    """
-    seen: Dict[int, int] = {}
-    lines: List[str] = []
-
-    def visit(graph: Dict[int, Any], depth: int) -> None:
-        for dp_id, (dp, parents) in graph.items():
-            if dp_id in seen:
-                lines.append(f"{depth} ref {seen[dp_id]}")
-                continue
-            seen[dp_id] = len(seen)
-            lines.append(f"{depth} {_describe_node(dp)}")
-            visit(parents, depth + 1)
-
-    visit(traverse_dps(datapipe), 0)
-    return hashlib.blake2b("\n".join(lines).encode(), digest_size=8).hexdigest()

@@ -32,7 +32,8 @@ from torch.utils.data.datapipes.iter.filelister import FileListerIterDataPipe
 from torchdata.dataloader2.graph import DataPipe
 
 from torchdata_snapshot._errors import ChangedFileError
-from torchdata_snapshot.checkpoint.format import Checkpoint, GraphIdentity
+from torchdata_snapshot.checkpoint.format import Checkpoint
+from torchdata_snapshot.checkpoint.identity import GraphIdentity
 from torchdata_snapshot.core.graph import graph_datapipes
 from torchdata_snapshot.graph_state.file_origins import (
     ArchiveMemberOrigin,

@@ -19,7 +19,8 @@ from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.random import SeedGenerator
 
 from torchdata_snapshot._errors import CheckpointError, IncompatibleCheckpointError, InvalidCheckpointError
-from torchdata_snapshot.checkpoint.format import Checkpoint, GraphIdentity
+from torchdata_snapshot.checkpoint.format import Checkpoint
+from torchdata_snapshot.checkpoint.identity import GraphIdentity
 from torchdata_snapshot.checkpoint.seeds import drawn_by_unseeded_dataloader2, load_seed_state, seed_state
 from torchdata_snapshot.core.graph import sharding_layout, sharding_point
 from torchdata_snapshot.core.messages import ElasticEpoch

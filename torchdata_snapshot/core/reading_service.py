@@ -29,7 +29,8 @@ from torchdata_snapshot._constants import (
 )
 from torchdata_snapshot._errors import ReadingServiceClosedError, ReadingServiceError
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
-from torchdata_snapshot.checkpoint.format import Checkpoint, GraphIdentity, graph_identity
+from torchdata_snapshot.checkpoint.format import Checkpoint
+from torchdata_snapshot.checkpoint.identity import GraphIdentity, graph_identity
 from torchdata_snapshot.checkpoint.moved_roots import moved_roots, resumed_where_moved
 from torchdata_snapshot.checkpoint.restore_plan import (
     PendingRestore,

@@ -20,7 +20,8 @@ from torchdata.dataloader2.random import SeedGenerator
 from torchdata_snapshot._constants import NO_EPOCH
 from torchdata_snapshot._errors import CheckpointError
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
-from torchdata_snapshot.checkpoint.format import Checkpoint, GraphIdentity, WorkerPosition
+from torchdata_snapshot.checkpoint.format import Checkpoint, WorkerPosition
+from torchdata_snapshot.checkpoint.identity import GraphIdentity
 from torchdata_snapshot.checkpoint.restore_plan import PendingRestore, log_refusal, rewind
 from torchdata_snapshot.checkpoint.seeds import advance_epoch_seed, seed_state
 from torchdata_snapshot.core.graph import graph_datapipes, pausable, pause_datapipe, paused

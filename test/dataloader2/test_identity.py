@@ -1,0 +1,149 @@
+"""Which pipeline a state belongs to: the fingerprint of its structure and the constructor
+arguments that determine its data, the same wherever and whenever they are read."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+from pipelines import double, is_even, kill_always_at, pipeline, scaled, split
+from torch.utils.data.graph_settings import apply_sharding
+from torchdata.datapipes.iter import FileOpener, IterableWrapper
+
+from torchdata_snapshot.checkpoint.identity import graph_arguments, graph_fingerprint, graph_identity
+
+
+def build(fn: Any = double) -> Any:
+    return IterableWrapper(range(10)).shuffle().sharding_filter().map(fn)
+
+
+def test_the_fingerprint_follows_the_structure_of_the_pipeline() -> None:
+    assert graph_fingerprint(build()) == graph_fingerprint(build())
+    assert graph_fingerprint(build()) != graph_fingerprint(build(is_even)), "another map function"
+    assert graph_fingerprint(build()) != graph_fingerprint(build().batch(2)), "another DataPipe"
+    shorter = IterableWrapper(range(10)).sharding_filter().map(double)
+    assert graph_fingerprint(build()) != graph_fingerprint(shorter)
+    assert graph_fingerprint(IterableWrapper(range(5))) == graph_fingerprint(IterableWrapper(range(9))), (
+        "the data is not part of the structure"
+    )
+    assert graph_fingerprint(build()) == "9b2a7a7734b0f0d9", "states of format 3 and older hold this digest"
+
+
+def source(n: int = 20) -> Any:
+    return IterableWrapper(range(n))
+
+
+#: DataPipes users build, and the arguments a checkpoint records for the outermost one.
+COMMON: Dict[str, Any] = {
+    "IterableWrapper": (lambda: IterableWrapper([3, 1, 2]), {"deepcopy": True}),
+    "batch": (lambda: source().batch(4, drop_last=True), {"batch_size": 4, "drop_last": True}),
+    "shuffle": (lambda: source().shuffle(buffer_size=7), {"buffer_size": 7}),
+    "bucketbatch": (
+        lambda: source().bucketbatch(3, batch_num=2, bucket_num=2),
+        {"batch_size": 3, "drop_last": False},
+    ),
+    "header": (lambda: source().header(5), {"limit": 5}),
+    "cycle": (lambda: source().cycle(2), {"count": 2}),
+    "map_partial": (
+        lambda: source().map(functools.partial(scaled, factor=2)),
+        {"fn": "pipelines.scaled", "fn.factor": 2, "input_col": None, "output_col": None},
+    ),
+    "filter": (lambda: source().filter(is_even), {"input_col": None}),
+    "sharding_filter": (lambda: source().sharding_filter(), {"sharding_group_filter": None}),
+    "mux": (lambda: source().mux(source(5)), {}),
+    "zip": (lambda: source().zip(source()), {}),
+    "unbatch": (lambda: source().batch(3).unbatch(), {"unbatch_level": 1}),
+    "flatmap": (lambda: source().flatmap(split), {"input_col": None}),
+    "collate": (lambda: source().batch(3).collate(), {}),
+    "prefetch": (lambda: source().prefetch(3), {}),  # how far it reads ahead is not compared
+    "fork": (lambda: source().fork(2)[1], {"instance_id": 1}),
+    "random_split": (
+        lambda: source().random_split(total_length=20, weights={"a": 1, "b": 1}, seed=0, target="a"),
+        {"target": "a"},
+    ),
+    "groupby": (
+        lambda: source().groupby(double, group_size=2, guaranteed_group_size=2),
+        {
+            "keep_key": False,
+            "group_size": 2,
+            "guaranteed_group_size": 2,
+            "drop_remaining": False,
+            "buffer_size": 10000,  # kept as max_buffer_size
+        },
+    ),
+}
+
+
+@pytest.fixture
+def text_file(tmp_path: Path) -> str:
+    path = tmp_path / "lines.txt"
+    path.write_text("a\nb\nc\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("name", sorted(COMMON))
+def test_the_arguments_are_the_plain_constructor_arguments(name: str) -> None:
+    make, expected = COMMON[name]
+    datapipe = make()
+    assert graph_arguments(datapipe)[f"0:{type(datapipe).__name__}"] == expected
+
+
+def test_the_arguments_of_files_and_lines(text_file: str) -> None:
+    lines = FileOpener(IterableWrapper([text_file]), mode="r").readlines(strip_newline=False)
+    assert list(graph_arguments(lines).values()) == [
+        {  # kept in a helper object
+            "strip_newline": False,
+            "skip_lines": 0,
+            "decode": False,
+            "encoding": "utf-8",
+            "errors": "ignore",
+            "return_path": True,
+        },
+        {"mode": "rt", "encoding": None},  # "r" is "rt"; the nominal length is not the data
+        {"deepcopy": True},  # the file names are its data
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(COMMON))
+def test_the_arguments_do_not_change_as_the_graph_runs_or_travels(name: str) -> None:
+    datapipe = COMMON[name][0]()
+    fresh = graph_identity(datapipe)
+    apply_sharding(datapipe, 2, 1)  # what sharding (DistributedReadingService too) sets
+    iterator = iter(datapipe)
+    for _ in zip(range(7), iterator):
+        pass
+    assert graph_identity(datapipe) == fresh
+    assert graph_identity(pickle.loads(pickle.dumps(datapipe))) == fresh
+
+
+def test_the_data_and_long_values_are_not_arguments() -> None:
+    assert graph_arguments(IterableWrapper(list(range(10_000)))) == graph_arguments(IterableWrapper([1]))
+    long = source().map(functools.partial(scaled, factor=list(range(1000))))
+    assert "fn.factor" not in graph_arguments(long)["0:MapperIterDataPipe"]
+
+
+def partial_pipeline() -> Any:
+    return pipeline("stateful_source", 30).map(functools.partial(kill_always_at, 99))
+
+
+def test_the_fingerprint_and_arguments_are_the_same_in_a_fresh_process() -> None:
+    """No address, id or hash order: another interpreter, with another hash seed, agrees."""
+    code = (
+        "import json, warnings; warnings.simplefilter('ignore'); import test_identity as t; "
+        "g = t.graph_identity(t.partial_pipeline()); print(json.dumps([g.fingerprint, g.arguments]))"
+    )
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": os.pathsep.join([str(here), *sys.path])}
+    output = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    ours = graph_identity(partial_pipeline())
+    assert json.loads(output) == [ours.fingerprint, ours.arguments]
+    assert ours.arguments is not None and ours.arguments["0:MapperIterDataPipe"]["fn.args[0]"] == 99
