@@ -147,9 +147,9 @@ def test_the_manifest_places_every_module_once_after_what_it_imports() -> None:
 def test_the_manifest_refuses_a_module_exported_before_what_it_imports() -> None:
     manifest = tool("manifest")
     loaded = manifest.load()
-    worker = next(commit for commit in loaded.commits if "core.worker.loop" in commit.modules)
+    worker = next(commit for commit in loaded.commits if "core.worker.epoch" in commit.modules)
     early = (worker, *(commit for commit in loaded.commits if commit is not worker))
-    with pytest.raises(tool("errors").ManifestError, match="core.worker.loop .* imports .*exported later"):
+    with pytest.raises(tool("errors").ManifestError, match="core.worker.epoch .* imports .*exported later"):
         manifest.check(type(loaded)(**{**loaded.__dict__, "commits": early}))
 
 

@@ -24,8 +24,9 @@ from torchdata_snapshot.core.options import BatchingOptions, RestoreOptions, Wor
 from torchdata_snapshot.core.transport.batches import items_message
 from torchdata_snapshot.core.transport.channel import make_pipe_pair
 from torchdata_snapshot.core.transport.item_codec import ItemDecoder
-from torchdata_snapshot.core.worker.loop import WorkerLoop, carried_state_functions
+from torchdata_snapshot.core.worker.loop import WorkerLoop
 from torchdata_snapshot.graph_state.state_functions import StateFunctions
+from torchdata_snapshot.graph_state.worker_states import carried_state_functions
 
 
 def serve(
@@ -533,9 +534,11 @@ def test_captures_are_paced_by_production_time_not_by_waits_for_credit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from torchdata_snapshot.core.worker import loop as worker
+    from torchdata_snapshot.graph_state import worker_states
 
     clock = FakeClock()
-    monkeypatch.setattr(worker, "time", clock)
+    monkeypatch.setattr(worker, "time", clock)  # its deadlines
+    monkeypatch.setattr(worker_states, "time", clock)  # the pacer's clock and a capture's cost
     channel, endpoint, _ = make_pipe_pair()
     options = WorkerOptions(restore=RestoreOptions(max_items_between_captures=100))
     loop = WorkerLoop(Timed(clock, 1000), endpoint, WorkerInfo(1, 0), options=options)

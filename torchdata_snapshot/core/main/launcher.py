@@ -26,8 +26,9 @@ from torchdata_snapshot.core.options import TensorPoolOptions, WorkerOptions
 from torchdata_snapshot.core.plugins import own_process_start, require
 from torchdata_snapshot.core.transport.channel import Channel, describe_exit, make_pipe_pair, process_exit
 from torchdata_snapshot.core.worker.dispatcher import run_dispatcher
-from torchdata_snapshot.core.worker.loop import carried_state_functions, run_worker
+from torchdata_snapshot.core.worker.loop import run_worker
 from torchdata_snapshot.graph_state.state_functions import StateFunctions
+from torchdata_snapshot.graph_state.worker_states import carried_state_functions
 
 __all__ = ["ProcessLauncher", "import_what_workers_seed"]
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
-from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torchdata.dataloader2.graph import DataPipe, find_dps, replace_dp, traverse_dps
 from torchdata.dataloader2.utils.worker import WorkerInfo, process_reset_fn
 
@@ -21,11 +20,9 @@ from torchdata_snapshot._compat import (
     ExceptionWrapper,
     extract_wrapper,
     find_non_dispatching_branches,
-    samples_yielded,
 )
 from torchdata_snapshot._constants import (
     LIVENESS_CHECK_INTERVAL_S,
-    NO_EPOCH,
     REPLAY_HEARTBEAT_S,
     REQUEST_CHECK_ITEMS,
     REQUEST_CHECK_S,
@@ -73,19 +70,15 @@ from torchdata_snapshot.core.transport.channel import (
 from torchdata_snapshot.core.transport.item_codec import ItemEncoder, ItemPool
 from torchdata_snapshot.core.transport.outbox import Outbox
 from torchdata_snapshot.core.worker.dispatcher import DispatchedSource, find_dispatched_sources
-from torchdata_snapshot.graph_state.capture import CapturePacer
-from torchdata_snapshot.graph_state.file_origins import check_opened, pack_opened
-from torchdata_snapshot.graph_state.graph_state import GraphState
-from torchdata_snapshot.graph_state.readers import StreamMaker
+from torchdata_snapshot.core.worker.epoch import WorkerEpoch
+from torchdata_snapshot.graph_state.file_origins import check_opened
 from torchdata_snapshot.graph_state.state_functions import (
     StateFunctions,
-    check_state_functions_pickle,
-    graph_state_functions,
 )
+from torchdata_snapshot.graph_state.worker_states import WorkerStates
 
 __all__ = [
     "WorkerLoop",
-    "carried_state_functions",
     "prepare_worker_graph",
     "run_worker",
 ]
@@ -95,6 +88,8 @@ class WorkerLoop(ServingLoop):
     """Serves one :class:`Endpoint` for the graph ``datapipe`` until ``TerminateRequest``.
 
     ``HANDLERS`` (below the class) is the one place that maps a request type to its handler.
+    What the epoch in progress has done is ``self.current`` (a :class:`WorkerEpoch`, new at each
+    reset); the graph's states for stateful restore are ``self.states``'.
     """
 
     def __init__(
@@ -120,27 +115,17 @@ class WorkerLoop(ServingLoop):
         self.pool = pool  # where items' tensors travel (see torchdata_snapshot.tensor_pool.pool)
         self.encoder = ItemEncoder(pool)
         self.outbox = Outbox(endpoint, options.batching, self.name, None if pool is None else self._discard)
-        self.epoch = NO_EPOCH
-        self.iterator: Optional[Any] = None
-        self.credit = 0
-        self.produced = 0  # items the graph produced this epoch (== sent + pending in the outbox)
-        # The running digest of the items produced this epoch (None: replay verification off).
-        self.digest: Optional[int] = None
-        self.exhausted = False
+        self.current = WorkerEpoch()
         self.paused = False
         self.terminated = False
-        # Stateful restore (see torchdata_snapshot.graph_state.graph_state): capture the graph's
-        # state from time to time when every DataPipe of the graph can resume from a state.
-        self.stateful = False
-        self.graph_state = GraphState(state_functions)
-        self.pacer = CapturePacer(options.restore.max_items_between_captures, time.perf_counter)
+        self.states = WorkerStates(options, state_functions, self.name)
         # Elastic resume's part, when its folder is there (see torchdata_snapshot.core.plugins).
         make_elastic = installed().elastic_worker
         self._elastic: Optional[ElasticWorker] = None if make_elastic is None else make_elastic()
         if self.init_error is None:
             try:
-                self.datapipe, self.stateful = _maybe_resumable(datapipe, options, self.graph_state)
-                if not self.stateful and self._elastic is not None:
+                self.datapipe = self.states.prepare(datapipe, bool(find_dispatched_sources(datapipe)))
+                if not self.states.stateful and self._elastic is not None:
                     self.datapipe = self._elastic.prepare(self.datapipe)
             except StateCaptureError:
                 where = f"in {self.name} while preparing stateful restore"
@@ -148,11 +133,14 @@ class WorkerLoop(ServingLoop):
         healthy = self.init_error is None
         self._graph: List[Tuple[str, DataPipe]] = graph_datapipes(self.datapipe) if healthy else []
         self._sources: List[DispatchedSource] = find_dispatched_sources(self.datapipe) if healthy else []
-        # The sharding point whose position each item carries (see torchdata_snapshot.elastic.resume),
-        # found at each epoch's reset (the reset function may replace DataPipes of the graph).
-        self._sharding: Optional[ShardingFilterIterDataPipe] = None
-        self._taken_before = 0  # graph_state.sharding.taken_before(self._sharding), once per iteration
-        self._openers = self._find_openers()  # the graph's file openers (stateful graphs only)
+
+    @property
+    def iterator(self) -> Optional[Any]:
+        return self.current.iterator
+
+    @iterator.setter
+    def iterator(self, value: Optional[Any]) -> None:
+        self.current.iterator = value
 
     # --- main loop ------------------------------------------------------------------------------
 
@@ -196,7 +184,7 @@ class WorkerLoop(ServingLoop):
             self._handle(self.endpoint.recv(timeout_s=None))
 
     def _can_produce(self) -> bool:
-        return self.iterator is not None and self.credit > 0 and not self.paused and not self.exhausted
+        return not self.paused and self.current.can_produce()
 
     def _produce(self) -> None:
         """Produce items while credit lasts, handing each to the outbox as soon as it exists.
@@ -204,63 +192,55 @@ class WorkerLoop(ServingLoop):
         Returns at least every ``REQUEST_CHECK_ITEMS`` items or ``REQUEST_CHECK_S`` seconds, so
         that requests (pause, state, reset) are served between items without a syscall per item.
         """
-        self.pacer.start_producing()
+        self.states.pacer.start_producing()
         try:
-            self._produce_some(time.perf_counter() + REQUEST_CHECK_S)
+            self._produce_some(self.current, time.perf_counter() + REQUEST_CHECK_S)
         finally:
-            self.pacer.stop_producing()
+            self.states.pacer.stop_producing()
 
-    def _produce_some(self, deadline: float) -> None:
+    def _produce_some(self, epoch: WorkerEpoch, deadline: float) -> None:
         for _ in range(REQUEST_CHECK_ITEMS):
-            if self.credit <= 0:
+            if epoch.credit <= 0:
                 return
             try:
-                item = next(self.iterator)  # type: ignore[arg-type]
+                item = next(epoch.iterator)  # type: ignore[arg-type]
             except StopIteration:
-                self._end_stream(StopIterationResponse(self.epoch))
+                self._end_stream(StopIterationResponse(epoch.number))
                 return
             except Exception:
                 self._end_stream(
-                    WorkerExceptionResponse(ExceptionWrapper(where=f"in {self.name}"), epoch=self.epoch)
+                    WorkerExceptionResponse(ExceptionWrapper(where=f"in {self.name}"), epoch=epoch.number)
                 )
                 return
             try:
                 payload = self.encoder.dumps(item)
             except Exception:
-                where = f"in {self.name} while pickling item {self.produced} of epoch {self.epoch}"
-                self._end_stream(WorkerExceptionResponse(ExceptionWrapper(where=where), epoch=self.epoch))
+                where = f"in {self.name} while pickling item {epoch.produced} of epoch {epoch.number}"
+                self._end_stream(WorkerExceptionResponse(ExceptionWrapper(where=where), epoch=epoch.number))
                 return
-            self.produced += 1
-            self.credit -= 1
-            if self.digest is not None:
-                self.digest = chain(self.digest, item)
-            taken = None if self._sharding is None else self._taken_before + samples_yielded(self._sharding)
+            epoch.produced += 1
+            epoch.credit -= 1
+            if epoch.digest is not None:
+                epoch.digest = chain(epoch.digest, item)
             partial = None if self._elastic is None else self._elastic.partial()
-            shared, slot = self.encoder.shared, self.encoder.slot
-            opened = self._take_opened() if self._openers else None
+            opened = self.states.take_opened() if self.states.reads_files else None
             self.outbox.put_item(
-                QueuedItem(self.epoch, payload, self.digest, shared, taken, partial, slot, opened)
-            )
-            if self.stateful and self.pacer.due(self.produced):
-                self._capture_state()
+                QueuedItem(
+                    epoch.number, payload, epoch.digest, self.encoder.shared, epoch.taken(), partial,
+                    self.encoder.slot, opened,
+                )
+            )  # fmt: skip
+            if self.states.capture_due(epoch.produced):
+                self._capture_state(epoch)
             if time.perf_counter() >= deadline:
                 return
 
-    def _capture_state(self) -> None:
+    def _capture_state(self, epoch: WorkerEpoch) -> None:
         """Send the graph's state after the item just produced (it travels behind that item);
         the pacer says when the next one is due (see :mod:`torchdata_snapshot.graph_state.capture`)."""
-        start = time.thread_time()  # the capture's own cost, not waits for the GIL
-        try:
-            blob = self.graph_state.capture(self._graph)
-        except StateCaptureError as e:
-            # Checkpoints stay possible (by replay); the training run must not fail for this.
-            warnings.warn(
-                f"{self.name}: {e}; restores will replay this worker's stream", RuntimeWarning, stacklevel=2
-            )
-            self.stateful = False
-            return
-        self.outbox.put(StateMarkResponse(self.epoch, self.produced, blob))
-        self.pacer.captured(self.produced, time.thread_time() - start)
+        blob = self.states.capture(self._graph, epoch.produced)
+        if blob is not None:
+            self.outbox.put(StateMarkResponse(epoch.number, epoch.produced, blob))
 
     def _discard(self, item: QueuedItem) -> None:
         if item.slot is not None and self.pool is not None:
@@ -268,8 +248,7 @@ class WorkerLoop(ServingLoop):
 
     def _end_stream(self, response: Any) -> None:
         self.outbox.put(response)
-        self.exhausted = True
-        self.iterator = None
+        self.current.end()
 
     def _handle(self, request: Request) -> None:
         if self.init_error is not None and not isinstance(request, TerminateRequest):
@@ -283,22 +262,11 @@ class WorkerLoop(ServingLoop):
     def _datapipes(self) -> List[DataPipe]:
         return [dp for _, dp in self._graph]
 
-    def _find_sharding_point(self) -> Optional[ShardingFilterIterDataPipe]:
-        return None if self._sources else sharding_point(self.datapipe)
-
-    def _find_openers(self) -> List[StreamMaker]:
-        return [dp for _, dp in self._graph if isinstance(dp, StreamMaker)]
-
-    def _take_opened(self) -> Optional[bytes]:
-        """The files the graph opened since the last call, packed to travel with an item."""
-        opened = [origin for opener in self._openers for origin in opener.take_opened()]
-        return pack_opened(opened) if opened else None
-
     # --- handlers -------------------------------------------------------------------------------
 
     def _on_reset_epoch(self, request: ResetEpochRequest) -> None:
         self.iterator = None
-        self.graph_state.reset(self._graph)
+        self.states.end_epoch(self._graph)
         self.outbox.start_epoch(request.epoch)  # nothing of the previous epoch is sent after this
         self.datapipe = process_reset_fn(
             self.datapipe,
@@ -308,28 +276,25 @@ class WorkerLoop(ServingLoop):
             request.iter_reset_fn,
             self.options.custom_reset_fn,
         )
-        self._sharding, self._taken_before = self._find_sharding_point(), 0
-        if request.elastic is not None and (self._sharding is None or self._elastic is None):
+        # The reset function may have replaced DataPipes: the graph and its sharding point anew.
+        sharding = None if self._sources else sharding_point(self.datapipe)
+        if request.elastic is not None and (sharding is None or self._elastic is None):
             raise ProtocolError(f"{self.name}: an elastic epoch needs the graph's one sharding filter")
-        if self._sharding is not None and self._elastic is not None:
+        if sharding is not None and self._elastic is not None:
             self._elastic.reset_epoch(
-                self.datapipe, self._sharding, request.elastic, self.graph_state, self.stateful
+                self.datapipe, sharding, request.elastic, self.states.graph_state, self.states.stateful
             )
         self._graph = graph_datapipes(self.datapipe)
-        self._openers = self._find_openers()
-        self._take_opened()  # (of an epoch that is over)
-        self.epoch = request.epoch
+        self.states.start_epoch(self._graph)
         for source in self._sources:
-            source.reset_epoch(self.epoch)
-        self.credit = self.produced = 0
-        self.digest = CHAIN_START if self.options.restore.verify_replay else None
-        self.pacer.start_epoch()
-        self.exhausted = False
-        self.iterator = iter(self.datapipe)
-        self.outbox.put(ResetEpochResponse(self.epoch))
+            source.reset_epoch(request.epoch)
+        digest = CHAIN_START if self.options.restore.verify_replay else None
+        self.current = WorkerEpoch(request.epoch, iter(self.datapipe), digest=digest, sharding=sharding)
+        self.outbox.put(ResetEpochResponse(request.epoch))
 
     def _on_replay(self, request: ReplayRequest) -> None:
-        if request.epoch != self.epoch or self.produced or self.iterator is None:
+        epoch = self.current
+        if request.epoch != epoch.number or epoch.produced or epoch.iterator is None:
             raise ProtocolError(
                 f"{self.name}: a replay must directly follow the reset of epoch {request.epoch}"
             )
@@ -337,20 +302,18 @@ class WorkerLoop(ServingLoop):
         start = 0
         if request.state is not None:
             start, blob = request.state
-            self.graph_state.load(self._graph, blob)
-            self.iterator = iter(self.datapipe)  # starts from the loaded states
-            if self._sharding is not None:
-                self._taken_before = self.graph_state.sharding.taken_before(self._sharding)
+            epoch.taken_before = self.states.load(self._graph, blob, epoch.sharding)
+            epoch.iterator = iter(self.datapipe)  # starts from the loaded states
             # The digest carries on from the state's position, if the checkpoint knows it there.
-            known = self.digest is not None and request.state_digest is not None
-            self.digest = parse_chain_hex(request.state_digest) if known else None  # type: ignore[arg-type]
-        self._replay(start, request.skip, request.digest)
-        self._take_opened()  # the main process has them: the request brought them
-        self.pacer.replayed(self.produced)
-        self.outbox.start_epoch(self.epoch, sent=self.produced)  # as if those had been sent
-        self.outbox.put(ReplayResponse(self.epoch, request.skip))
+            known = epoch.digest is not None and request.state_digest is not None
+            epoch.digest = parse_chain_hex(request.state_digest) if known else None  # type: ignore[arg-type]
+        self._replay(epoch, start, request.skip, request.digest)
+        self.states.take_opened()  # the main process has them: the request brought them
+        self.states.pacer.replayed(epoch.produced)
+        self.outbox.start_epoch(epoch.number, sent=epoch.produced)  # as if those had been sent
+        self.outbox.put(ReplayResponse(epoch.number, request.skip))
 
-    def _replay(self, start: int, skip: int, expected: Optional[str]) -> None:
+    def _replay(self, epoch: WorkerEpoch, start: int, skip: int, expected: Optional[str]) -> None:
         """Produce and drop items ``start + 1 .. start + skip``: the rest of what the user received
         before the checkpoint, after the state loaded at ``start`` (0: the epoch's beginning).
         They never leave this process; their running digest must end as ``expected``."""
@@ -359,23 +322,23 @@ class WorkerLoop(ServingLoop):
         def progress(position: int) -> None:  # a long replay tells the main process it is alive
             nonlocal heartbeat
             if time.monotonic() >= heartbeat:
-                self.outbox.put(ReplayProgressResponse(self.epoch, position))
+                self.outbox.put(ReplayProgressResponse(epoch.number, position))
                 heartbeat = time.monotonic() + REPLAY_HEARTBEAT_S
 
-        assert self.iterator is not None
+        assert epoch.iterator is not None
         try:
-            self.digest = replay(
-                self.iterator, start, skip, self.digest, expected, where=self.name, epoch=self.epoch,
+            epoch.digest = replay(
+                epoch.iterator, start, skip, epoch.digest, expected, where=self.name, epoch=epoch.number,
                 on_item=progress,
             )  # fmt: skip
         except ReplayDivergenceError:
-            self.iterator = None
+            epoch.iterator = None
             raise
-        self.produced = start + skip
+        epoch.produced = start + skip
 
     def _on_get_next(self, request: GetNextRequest) -> None:
-        if request.epoch == self.epoch:
-            self.credit += request.count
+        if request.epoch == self.current.number:
+            self.current.credit += request.count
 
     def _on_get_state(self, request: GetStateRequest) -> None:
         if request.dispatcher_sent is not None:
@@ -391,20 +354,21 @@ class WorkerLoop(ServingLoop):
         with paused([] if self.paused else pausable(dp for _, dp in self._graph)):
             states = datapipe_state_dicts(self._graph) if include_datapipe_states else {}
             yields = datapipe_yields(self._graph)
+        epoch = self.current
         return WorkerSnapshot(
             worker_id=self.worker_info.worker_id,
             role="worker",
             pid=os.getpid(),
-            epoch=self.epoch,
-            produced=self.produced,
+            epoch=epoch.number,
+            produced=epoch.produced,
             sent=sent,
             batches=batches,
-            buffered=self.produced - sent,
-            exhausted=self.exhausted,
+            buffered=epoch.produced - sent,
+            exhausted=epoch.exhausted,
             paused=self.paused,
             datapipe_yields=yields,
             datapipe_states=states,
-            stateful=self.stateful,
+            stateful=self.states.stateful,
             received_from_dispatcher=sum(source.received for source in self._sources),
         )
 
@@ -452,52 +416,6 @@ def prepare_worker_graph(
     return datapipe
 
 
-def _captures_states(options: WorkerOptions) -> bool:
-    """Whether the options let a worker capture its graph's state (when the graph allows it)."""
-    return options.restore.stateful is not False
-
-
-def carried_state_functions(
-    datapipe: DataPipe, options: WorkerOptions, start_method: str
-) -> Tuple[StateFunctions, ...]:
-    """The registered state functions that the workers of ``datapipe`` need (none when they
-    capture no state), for :func:`run_worker`: a worker started by ``spawn`` or ``forkserver``
-    does not run the code that registered them. Raises :class:`StateCaptureError` naming one
-    that cannot reach such a worker."""
-    if not _captures_states(options):
-        return ()
-    carried = graph_state_functions(datapipe)
-    if start_method != "fork":  # forked workers inherit them; the others unpickle them
-        check_state_functions_pickle(carried, start_method)
-    return carried
-
-
-def _maybe_resumable(
-    datapipe: DataPipe, options: WorkerOptions, graph_state: GraphState
-) -> Tuple[DataPipe, bool]:
-    """The graph rewritten for stateful restore when it allows it (and the options do), and
-    whether it was."""
-    restore = options.restore
-    if not _captures_states(options):
-        return datapipe, False
-    if find_dispatched_sources(datapipe):
-        if restore.stateful:
-            raise StateCaptureError(
-                "stateful=True is not available with sharding_round_robin_dispatch: the dispatching "
-                "process is restored by replay only; use stateful=None (or False)"
-            )
-        return datapipe, False
-    culprit = graph_state.unresumable(datapipe)
-    if culprit is None:
-        return graph_state.make_resumable(datapipe), True
-    if restore.stateful:
-        raise StateCaptureError(
-            f"stateful=True, but DataPipe {culprit} can neither report nor load its state: implement "
-            "state_dict()/load_state_dict() or call torchdata_snapshot.register_state_functions()"
-        )
-    return datapipe, False
-
-
 def run_worker(
     datapipe: DataPipe,
     endpoint: Endpoint,
@@ -510,7 +428,7 @@ def run_worker(
     pool: Optional[ItemPool] = None,
 ) -> None:
     """Entry point of a worker process; ``state_functions`` are those of
-    :func:`carried_state_functions`."""
+    :func:`~torchdata_snapshot.graph_state.worker_states.carried_state_functions`."""
     if pool is not None:
         pool.close_fd()  # (inherited under fork) the mapping keeps the memory
     torch.set_num_threads(1)
