@@ -17,12 +17,6 @@ from torchdata.datapipes.iter import FileLister
 from torchdata_snapshot._errors import ChangedFileError
 from torchdata_snapshot.checkpoint.format import Checkpoint, WorkerPosition
 from torchdata_snapshot.checkpoint.identity import graph_identity
-from torchdata_snapshot.checkpoint.moved_roots import (
-    MovedRoot,
-    described_files,
-    moved_roots,
-    resumed_where_moved,
-)
 from torchdata_snapshot.checkpoint.rng_states import packed_global_rng_state
 from torchdata_snapshot.checkpoint.seeds import seed_state
 from torchdata_snapshot.graph_state.file_origins import (
@@ -34,6 +28,12 @@ from torchdata_snapshot.graph_state.file_origins import (
     with_origin,
 )
 from torchdata_snapshot.graph_state.graph_state import unpack_graph_state
+from torchdata_snapshot.graph_state.moved_roots import (
+    MovedRoot,
+    described_files,
+    moved_roots,
+    resumed_where_moved,
+)
 
 NAMES = ("a.txt", "b.txt", "c.txt")
 

@@ -31,7 +31,6 @@ from torchdata_snapshot._errors import ReadingServiceClosedError, ReadingService
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 from torchdata_snapshot.checkpoint.format import Checkpoint
 from torchdata_snapshot.checkpoint.identity import GraphIdentity, graph_identity
-from torchdata_snapshot.checkpoint.moved_roots import moved_roots, resumed_where_moved
 from torchdata_snapshot.checkpoint.restore_plan import (
     PendingRestore,
     logs_refusals,
@@ -51,6 +50,7 @@ from torchdata_snapshot.core.options import (
 )
 from torchdata_snapshot.core.plugins import require
 from torchdata_snapshot.core.session import Session, checkpoint_before_start
+from torchdata_snapshot.graph_state.moved_roots import moved_roots, resumed_where_moved
 
 __all__ = ["MultiProcessingReadingService"]
 
@@ -274,7 +274,7 @@ class MultiProcessingReadingService(
         ``IncompatibleCheckpointError``). A ``FileLister`` root that is another path in
         ``datapipe`` than in the state is a data directory that moved: the files the state reads
         again must be the same there (else ``ChangedFileError``), and it resumes there (see
-        ``checkpoint.moved_roots``). The epoch restarts with its recorded seeds and each
+        ``graph_state.moved_roots``). The epoch restarts with its recorded seeds and each
         worker replays the items the user already received (from its latest captured graph
         state, if any). With ``elastic=True``, a state taken with another ``num_workers`` or world
         size restarts the epoch over the elements the user had not received (see ``_elastic``).
