@@ -1,8 +1,10 @@
 """Render the design's diagrams to SVG: ``python docs/diagrams/make_diagrams.py``.
 
-The diagrams are data (``DIAGRAMS``, sequence diagrams of the protocol, and ``STRUCTURE``, the
-processes with their classes and the messages between them); the committed SVGs are generated
-from them, and a test checks that they are up to date. No Graphviz or Mermaid needed: plain SVG.
+The diagrams are data (``DIAGRAMS``, sequence diagrams of the protocol, ``STRUCTURE``, the
+processes with their classes and the messages between them, and ``LAYERS``, the package's
+folders in the order they may import one another); the committed SVGs are generated from them,
+and tests check that they are up to date and that ``LAYERS`` is the order the code keeps. No
+Graphviz or Mermaid needed: plain SVG.
 """
 
 from __future__ import annotations
@@ -112,6 +114,55 @@ STRUCTURE = (
 )
 
 
+# The layers of the package, bottom first: (name, the modules and folders in it, what they do).
+# A module imports only its own layer and the layers below (test/dataloader2/test_layering.py).
+LAYERS = (
+    "Layers: each imports only those below it",
+    [
+        ("the base", ("_errors", "_constants", "_compat", "_worker_snapshot"),
+         "exceptions, time bounds, the one door to torchdata's private APIs, WorkerSnapshot"),
+        ("the protocol", ("core.messages", "core.options", "core.graph", "core.plugins"),
+         "request/response dataclasses, options, describing a graph, the plug-in interfaces"),
+        ("the transport", ("core.transport", "core.serving"),
+         "items pickled one by one, pipes with bounded waits, the outbox, the request table"),
+        ("the checkpoint", ("checkpoint",),
+         "format, identity, positions, digests, replay, seeds and RNG states, restore plans"),
+        ("restores without replay", ("graph_state",),
+         "resumable DataPipes and readers, captured graph states, moved data directories"),
+        ("the processes", ("core.worker", "core.main", "core.session"),
+         "the worker and dispatching loops; the main process's consumer, outlet, runtimes"),
+        ("the optional features", ("elastic", "healing", "tensor_pool"),
+         "plug in through core.plugins; nothing outside a feature's folder imports it"),
+        ("the reading service", ("core.reading_service", "core.load_state"),
+         "MultiProcessingReadingService: DataLoader2's calls; load_state_dict"),
+        ("the package", ("__init__",), "the public names"),
+    ],
+)  # fmt: skip
+
+
+def render_layers(title: str, layers: Sequence[Tuple[str, Sequence[str], str]]) -> str:
+    """A stack of boxes, the first layer at the bottom, each with its folders and their job."""
+    width, row_h, top = 860, 46, 44
+    height = top + row_h * len(layers) + 16
+    out = svg_start(width, height, title, title_y=24)
+    for row, (name, parts, what) in enumerate(reversed(layers)):
+        y = top + row * row_h
+        out.append(
+            f'<rect x="{LEFT}" y="{y}" width="{width - 2 * LEFT}" height="{row_h - 8}" rx="4" '
+            'fill="#e8eef7" stroke="#4a6fa5"/>'
+        )
+        out.append(f'<text x="{LEFT + 10}" y="{y + 16}" font-weight="bold">{html.escape(name)}</text>')
+        folders = ", ".join(parts)
+        out.append(
+            f'<text x="{LEFT + 190}" y="{y + 16}" font-family="monospace">{html.escape(folders)}</text>'
+        )
+        out.append(
+            f'<text x="{LEFT + 190}" y="{y + 31}" font-size="10" fill="#444">{html.escape(what)}</text>'
+        )
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 def svg_start(width: float, height: float, title: str, title_y: int) -> List[str]:
     """The opening lines of a diagram: canvas, arrow head, white background, centred title."""
     return [
@@ -205,6 +256,7 @@ def main(check: bool = False) -> int:
     stale = []
     svgs = {name: render(*diagram) for name, diagram in DIAGRAMS.items()}
     svgs["structure"] = render_structure(*STRUCTURE)
+    svgs["layers"] = render_layers(*LAYERS)
     for name, svg in svgs.items():
         path = HERE / f"{name}.svg"
         if check:

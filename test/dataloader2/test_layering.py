@@ -4,10 +4,20 @@ can be read (and replaced) knowing only the ones below it (see the docs' design 
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
-from typing import Dict, Iterator, List, Set
+from typing import Any, Dict, Iterator, List, Set
 
 PACKAGE = Path(__file__).resolve().parents[2] / "torchdata_snapshot"
+DIAGRAMS = PACKAGE.parent / "docs" / "diagrams" / "make_diagrams.py"
+
+
+def _diagrams() -> Any:
+    spec = importlib.util.spec_from_file_location("make_diagrams", DIAGRAMS)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def module_name(path: Path) -> str:
@@ -82,3 +92,42 @@ def test_the_core_and_the_checkpoint_import_no_optional_folder() -> None:
         home = module.split(".")[0]
         foreign = sorted(m for m in imported if m.split(".")[0] in OPTIONAL and m.split(".")[0] != home)
         assert not foreign, f"{module} imports the optional {foreign}: plug it in (core.plugins)"
+
+
+#: The layers, bottom first, as the docs' design page draws them (``docs/diagrams/make_diagrams.py``):
+#: a module imports only modules of its own layer or of layers below. A module is in the layer
+#: of the longest prefix listed.
+LAYERS = tuple((name, parts) for name, parts, _ in _diagrams().LAYERS[1])
+
+
+def layer_of(module: str) -> int:
+    matches = [
+        (len(prefix), index)
+        for index, (_, prefixes) in enumerate(LAYERS)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
+    assert matches, f"{module} is in no layer of LAYERS: add it where it belongs"
+    return max(matches)[1]
+
+
+def test_every_module_imports_only_its_own_layer_and_the_layers_below() -> None:
+    upward = [
+        f"{module} ({LAYERS[layer_of(module)][0]}) imports {imported} ({LAYERS[layer_of(imported)][0]})"
+        for module, imported_set in imports().items()
+        for imported in sorted(imported_set)
+        if layer_of(imported) > layer_of(module)
+    ]
+    assert not upward, "imports across the layers, upward:\n" + "\n".join(upward)
+
+
+def test_the_optional_features_import_no_other_one() -> None:
+    for module, imported in imports().items():
+        home = module.split(".")[0]
+        if home in OPTIONAL:
+            others = sorted(m for m in imported if m.split(".")[0] in OPTIONAL and m.split(".")[0] != home)
+            assert not others, f"{module} imports {others}: each feature stands alone"
+
+
+def test_the_optional_features_are_one_layer() -> None:
+    assert set(dict(LAYERS)["the optional features"]) == set(OPTIONAL)
