@@ -14,24 +14,16 @@ from __future__ import annotations
 from collections import deque
 from typing import Deque, List, Optional, Sequence, Tuple
 
-from torch.utils.data.datapipes.iter.callable import CollatorIterDataPipe, MapperIterDataPipe
 from torchdata.dataloader2.graph import DataPipe, list_dps, traverse_dps
-from torchdata.datapipes.iter import FullSync as FullSyncIterDataPipe
-from torchdata.datapipes.iter import PinMemory as PinMemoryIterDataPipe
-from torchdata.datapipes.iter import Prefetcher as PrefetcherIterDataPipe
+
+from torchdata_snapshot.core.catalogue import types_where
 
 __all__ = ["ONE_TO_ONE_TAIL", "UserPositions", "not_one_to_one"]
 
 #: Main-process DataPipes that hand on exactly one item per item they take, in order, by exact
 #: type: a subclass may not (a ``map`` subclass may keep items back). Through a tail made only of
-#: these, the user's position maps onto the workers' streams.
-ONE_TO_ONE_TAIL: Tuple[type, ...] = (
-    MapperIterDataPipe,
-    CollatorIterDataPipe,
-    FullSyncIterDataPipe,
-    PrefetcherIterDataPipe,
-    PinMemoryIterDataPipe,
-)
+#: these, the user's position maps onto the workers' streams (``main_tail`` in the catalogue).
+ONE_TO_ONE_TAIL: Tuple[type, ...] = types_where(main_tail=True)
 
 
 def not_one_to_one(end: DataPipe, replicable: DataPipe) -> List[DataPipe]:

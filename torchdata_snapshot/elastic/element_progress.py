@@ -18,17 +18,14 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
-from torch.utils.data.datapipes.iter.grouping import UnBatcherIterDataPipe
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 from torchdata.dataloader2.graph import DataPipe, replace_dp, traverse_dps
-from torchdata.datapipes.iter import FlatMapper
 
+from torchdata_snapshot.core.catalogue import types_where
 from torchdata_snapshot.core.graph import sharding_point
 from torchdata_snapshot.core.messages import Level
 from torchdata_snapshot.elastic.remaining import skips_of_instance
 from torchdata_snapshot.graph_state.graph_state import RESUMABLE_ADAPTERS
-from torchdata_snapshot.graph_state.readers import READER_EXPANDING, READER_HOLDING_ONE, READER_ONE_TO_ONE
 from torchdata_snapshot.graph_state.resumable import Expander
 from torchdata_snapshot.graph_state.sharding_shift import ShardingShifts
 
@@ -43,16 +40,16 @@ __all__ = [
 
 #: DataPipes that yield one item per element, holding nothing at a yield point, by exact type:
 #: they may also stand between the sharding point and the graph's expander.
-ONE_TO_ONE: Tuple[type, ...] = (MapperIterDataPipe, *READER_ONE_TO_ONE)
+ONE_TO_ONE: Tuple[type, ...] = types_where(per_element="one")
 
 #: Expanders: DataPipes that yield several items per element, the same ones each time for the
 #: same element (files unchanged, functions deterministic). One may run after the sharding
 #: point of an elastic graph; a new worker skips the items of its element the user had.
-EXPANDING: Tuple[type, ...] = (*READER_EXPANDING, FlatMapper, UnBatcherIterDataPipe)
+EXPANDING: Tuple[type, ...] = types_where(per_element="several")
 
 #: DataPipes that, after an expander, hold at most the item they took last when they yield (the
 #: first of the next sample or paragraph, an item of the expander's current element).
-HOLDING_ONE: Tuple[type, ...] = READER_HOLDING_ONE
+HOLDING_ONE: Tuple[type, ...] = types_where(per_element="holds_one")
 
 
 def chain_after(sf: DataPipe, end: DataPipe) -> Union[List[DataPipe], DataPipe]:

@@ -27,8 +27,6 @@ from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from torch.utils.data import IterDataPipe
-from torch.utils.data.datapipes.iter.callable import CollatorIterDataPipe, MapperIterDataPipe
-from torch.utils.data.datapipes.iter.grouping import BatcherIterDataPipe
 from torch.utils.data.datapipes.iter.selecting import FilterIterDataPipe
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 from torchdata.dataloader2.graph import DataPipe, find_dps, traverse_dps
@@ -41,6 +39,7 @@ from torchdata_snapshot._compat import (
 from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
 from torchdata_snapshot.checkpoint.format import FORMAT, Checkpoint, ShardingProgress
 from torchdata_snapshot.checkpoint.positions import ONE_TO_ONE_TAIL, not_one_to_one
+from torchdata_snapshot.core.catalogue import types_where
 from torchdata_snapshot.core.graph import describe_datapipe
 from torchdata_snapshot.core.messages import Level
 from torchdata_snapshot.elastic.element_progress import EXPANDING, HOLDING_ONE, ONE_TO_ONE, chain_after
@@ -58,12 +57,7 @@ __all__ = [
 #: DataPipes that may stand between the sharding point and the user in an elastic graph, by
 #: exact type: when one of them yields, it holds no element it took (a batch yields once full,
 #: and is empty then). A subclass may hold some: it needs its own :func:`register_elastic`.
-ELASTIC_AFTER_SHARDING: Tuple[type, ...] = (
-    MapperIterDataPipe,
-    FilterIterDataPipe,
-    BatcherIterDataPipe,
-    CollatorIterDataPipe,
-)
+ELASTIC_AFTER_SHARDING: Tuple[type, ...] = types_where(after_sharding=True)
 
 #: The class attribute in which :func:`register_elastic` records a declaration: the class it
 #: was made for, so that a subclass, which inherits the attribute, is not taken as declared.

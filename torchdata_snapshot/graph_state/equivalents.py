@@ -3,8 +3,8 @@
 In a worker whose graph can resume from captured states, ``GraphState.make_resumable`` replaces
 each upstream DataPipe of a type in ``ADAPTERS`` by its equivalent here, which keeps that state
 in attributes (see :class:`~torchdata_snapshot.graph_state.resumable.Resumable`) and yields exactly what
-the original yields, epoch after epoch. ``STATELESS`` are the upstream types that hold no state
-at a yield point and stay as they are.
+the original yields, epoch after epoch. The types that hold no state at a yield point stay as
+they are (``stateless`` in :mod:`torchdata_snapshot.core.catalogue`).
 """
 
 from __future__ import annotations
@@ -21,16 +21,13 @@ from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optiona
 
 import torch
 from torch.utils.data import IterDataPipe
-from torch.utils.data.datapipes.iter.callable import CollatorIterDataPipe, MapperIterDataPipe
 from torch.utils.data.datapipes.iter.combinatorics import ShufflerIterDataPipe
 from torch.utils.data.datapipes.iter.combining import (
     ConcaterIterDataPipe,
     MultiplexerIterDataPipe,
-    ZipperIterDataPipe,
 )
 from torch.utils.data.datapipes.iter.filelister import FileListerIterDataPipe
-from torch.utils.data.datapipes.iter.grouping import BatcherIterDataPipe, UnBatcherIterDataPipe
-from torch.utils.data.datapipes.iter.selecting import FilterIterDataPipe
+from torch.utils.data.datapipes.iter.grouping import UnBatcherIterDataPipe
 from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
 from torchdata.datapipes.iter import Cycler as CyclerIterDataPipe
 from torchdata.datapipes.iter import FlatMapper as FlatMapperIterDataPipe
@@ -49,7 +46,6 @@ from torchdata_snapshot.graph_state.resumable import Expander, Resumable
 
 __all__ = [
     "ADAPTERS",
-    "STATELESS",
     "ResumableConcater",
     "ResumableCycler",
     "ResumableFileLister",
@@ -455,12 +451,3 @@ ADAPTERS: Dict[type, Callable[[Any], Optional[IterDataPipe]]] = {
     MultiplexerIterDataPipe: lambda dp: ResumableMultiplexer(*dp.datapipes),
     FileListerIterDataPipe: ResumableFileLister,
 }
-
-#: Upstream DataPipe types that hold no state at a yield point.
-STATELESS = (
-    MapperIterDataPipe,
-    CollatorIterDataPipe,
-    FilterIterDataPipe,
-    BatcherIterDataPipe,
-    ZipperIterDataPipe,
-)

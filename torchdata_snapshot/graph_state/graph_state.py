@@ -61,9 +61,10 @@ from torchdata_snapshot.checkpoint.rng_states import (
     set_global_rng_state,
     unpack_global_rng_state,
 )
+from torchdata_snapshot.core.catalogue import types_where
 from torchdata_snapshot.core.graph import datapipe_state_dicts, describe_datapipe, graph_datapipes
-from torchdata_snapshot.graph_state.equivalents import ADAPTERS, STATELESS, ResumableCycler
-from torchdata_snapshot.graph_state.readers import READER_ADAPTERS, READER_STATELESS
+from torchdata_snapshot.graph_state.equivalents import ADAPTERS, ResumableCycler
+from torchdata_snapshot.graph_state.readers import READER_ADAPTERS
 from torchdata_snapshot.graph_state.resumable import Resumable
 from torchdata_snapshot.graph_state.sharding_shift import ShardingShifts
 from torchdata_snapshot.graph_state.state_functions import StateFunctions, registered_state_functions
@@ -78,10 +79,11 @@ __all__ = [
 
 _RNG_KEY = "__global_rng__"
 
-#: How each upstream DataPipe type that keeps state in a generator frame is made resumable, and
-#: the upstream types that hold no state at a yield point.
+#: How each DataPipe type of torch and torchdata that keeps state in a generator frame is made
+#: resumable (``adapted`` in :mod:`torchdata_snapshot.core.catalogue`), and the types that hold
+#: no state at a yield point (``stateless`` there).
 RESUMABLE_ADAPTERS = {**ADAPTERS, **READER_ADAPTERS}
-RESUMABLE_STATELESS = STATELESS + READER_STATELESS
+RESUMABLE_STATELESS = types_where(stateless=True)
 
 
 def _has_methods(dp: DataPipe) -> bool:

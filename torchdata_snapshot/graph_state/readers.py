@@ -30,7 +30,6 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter.fileopener import FileOpenerIterDataPipe
-from torch.utils.data.datapipes.iter.routeddecoder import RoutedDecoderIterDataPipe
 from torch.utils.data.datapipes.iter.streamreader import StreamReaderIterDataPipe
 from torchdata.datapipes.iter import (
     Bz2FileLoader,
@@ -40,7 +39,6 @@ from torchdata.datapipes.iter import (
     Enumerator,
     FSSpecFileOpener,
     IndexAdder,
-    JsonParser,
     LineReader,
     ParagraphAggregator,
     TarArchiveLoader,
@@ -65,10 +63,6 @@ from torchdata_snapshot.graph_state.resumable import Expander, Resumable
 
 __all__ = [
     "READER_ADAPTERS",
-    "READER_EXPANDING",
-    "READER_HOLDING_ONE",
-    "READER_ONE_TO_ONE",
-    "READER_STATELESS",
     "StreamMaker",
 ]
 
@@ -381,28 +375,3 @@ READER_ADAPTERS: Dict[type, Callable[[Any], Optional[IterDataPipe]]] = {
     Enumerator: lambda dp: ResumableEnumerator(dp.source_datapipe, dp.starting_index),
     IndexAdder: lambda dp: ResumableEnumerator(dp.source_datapipe, 0, dp.index_name),
 }
-
-#: Reader DataPipes that hold nothing at a yield point (one element in, one item out).
-READER_STATELESS = (JsonParser, RoutedDecoderIterDataPipe)
-
-#: The readers by how they hand on what they read, for elastic resume (see
-#: :mod:`torchdata_snapshot.elastic.element_progress`): one item per element, holding nothing at a yield
-#: point; several items per element (:class:`ResumableReader`); and those that hold at most the
-#: item they took last when they yield.
-READER_ONE_TO_ONE = (
-    FileOpenerIterDataPipe,
-    FSSpecFileOpener,
-    Decompressor,
-    XzFileLoader,
-    Bz2FileLoader,
-    *READER_STATELESS,
-)
-READER_EXPANDING = (
-    LineReader,
-    CSVParser,
-    CSVDictParser,
-    StreamReaderIterDataPipe,
-    TarArchiveLoader,
-    ZipArchiveLoader,
-)
-READER_HOLDING_ONE = (WebDataset, ParagraphAggregator)
