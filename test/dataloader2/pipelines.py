@@ -565,18 +565,16 @@ def started_runtime(datapipe: Any, num_workers: int) -> Tuple[Any, Any]:
     """``datapipe`` started as the reading service starts it, with small prefetch counts and
     bounded waits, replaying rather than capturing states."""
     from torchdata_snapshot.core.main.runtime import start_runtime
-    from torchdata_snapshot.core.options import FaultOptions, RestoreOptions, WorkerOptions
+    from torchdata_snapshot.core.options import FaultOptions, RestoreOptions, RuntimeOptions, WorkerOptions
 
-    return start_runtime(
-        datapipe,
-        num_workers,
-        "fork",
-        (2, 2),
-        WorkerOptions(restore=RestoreOptions(stateful=False)),
-        FaultOptions(control_timeout_s=30.0, timeout_s=30.0),
-        isolate_rng=True,
-        read_ahead=False,
+    options = RuntimeOptions(
+        num_workers=num_workers,
+        multiprocessing_context="fork",
+        prefetch=(2, 2),
+        worker=WorkerOptions(restore=RestoreOptions(stateful=False)),
+        faults=FaultOptions(control_timeout_s=30.0, timeout_s=30.0),
     )
+    return start_runtime(datapipe, options)
 
 
 def worker_processes(dl: Any) -> List[Any]:

@@ -67,8 +67,7 @@ def digest_of(items: List[Any]) -> str:
 
 
 def test_main_process_replay_drops_the_items_the_user_had() -> None:
-    outlet = Outlet(IterableWrapper(range(10)))
-    outlet.verify = True
+    outlet = Outlet(IterableWrapper(range(10)), verify=True)
     outlet.start_epoch(2, skip=4, skip_digest=digest_of([0, 1, 2, 3]))
     assert outlet.delivered == 4, "the position is the checkpoint's before the replay ran"
     assert outlet.digest == digest_of([0, 1, 2, 3])
@@ -78,8 +77,7 @@ def test_main_process_replay_drops_the_items_the_user_had() -> None:
 
 @pytest.mark.parametrize("skip", [1, 3, 4])
 def test_a_diverging_main_process_replay_is_refused_at_any_position(skip: int) -> None:
-    outlet = Outlet(IterableWrapper(range(10)))
-    outlet.verify = True
+    outlet = Outlet(IterableWrapper(range(10)), verify=True)
     outlet.start_epoch(0, skip=skip, skip_digest=digest_of([*range(skip - 1), "something else"]))
     with pytest.raises(
         ReplayDivergenceError, match=rf"main process: items 1\.\.{skip} of epoch 0 replayed differently"
@@ -92,8 +90,7 @@ def test_a_diverging_main_process_replay_is_refused_at_any_position(skip: int) -
 
 
 def test_keeps_the_running_digest_of_every_delivered_item_in_replay_mode() -> None:
-    outlet = Outlet(IterableWrapper(range(5)))
-    outlet.verify = True
+    outlet = Outlet(IterableWrapper(range(5)), verify=True)
     outlet.start_epoch(0)
     it = iter(outlet)
     assert outlet.digest is None, "nothing delivered yet"

@@ -8,7 +8,7 @@ of :class:`RestoreOptions` and :class:`FaultOptions` as its own keywords (one sp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Type, TypeVar
+from typing import Any, Callable, Optional, Tuple, Type, TypeVar
 
 import torch.multiprocessing as mp
 from torchdata.dataloader2.graph import DataPipe
@@ -24,6 +24,7 @@ __all__ = [
     "BatchingOptions",
     "FaultOptions",
     "RestoreOptions",
+    "RuntimeOptions",
     "TensorPoolOptions",
     "WorkerOptions",
     "check_start_method",
@@ -157,6 +158,25 @@ class WorkerOptions:
     custom_reset_fn: Optional[Callable[..., DataPipe]] = None
     batching: BatchingOptions = field(default_factory=BatchingOptions)
     restore: RestoreOptions = field(default_factory=RestoreOptions)
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """Where and how the reading service runs the graph: in ``num_workers`` worker processes
+    started by ``multiprocessing_context`` (``None``: the platform's default), each with
+    ``prefetch`` = ``(worker_prefetch_cnt, main_prefetch_cnt)``, the ``worker`` and ``faults``
+    options, and a tensor pool of slots of ``tensor_pool_slot_bytes`` (``None``: no pool); or,
+    with ``num_workers=0``, in this process, its global RNG states isolated from the training
+    loop's (``isolate_rng``), items produced ahead within one swap of them (``read_ahead``)."""
+
+    num_workers: int = 0
+    multiprocessing_context: Optional[str] = None
+    prefetch: Tuple[int, int] = (10, 10)
+    worker: WorkerOptions = field(default_factory=WorkerOptions)
+    faults: FaultOptions = field(default_factory=FaultOptions)
+    isolate_rng: bool = True
+    read_ahead: bool = False
+    tensor_pool_slot_bytes: Optional[int] = None
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from torchdata_snapshot.core.options import (
     BatchingOptions,
     FaultOptions,
     RestoreOptions,
+    RuntimeOptions,
     TensorPoolOptions,
     WorkerOptions,
     _check_count,
@@ -215,18 +216,17 @@ class MultiProcessingReadingService(
         if self._session is not None:
             raise ReadingServiceError("initialize() was already called on this reading service")
         worker = WorkerOptions(self.worker_init_fn, self.worker_reset_fn, self.batching, self.restore_options)
-        prefetch = (self.worker_prefetch_cnt, self.main_prefetch_cnt)
-        runtime, outlet = start_runtime(
-            datapipe,
-            self.num_workers,
-            self.multiprocessing_context,
-            prefetch,
-            worker,
-            self.fault_options,
-            self.isolate_rng,
-            self.read_ahead,
-            self.tensor_pool_slot_bytes if self.tensor_pool else None,
+        options = RuntimeOptions(
+            num_workers=self.num_workers,
+            multiprocessing_context=self.multiprocessing_context,
+            prefetch=(self.worker_prefetch_cnt, self.main_prefetch_cnt),
+            worker=worker,
+            faults=self.fault_options,
+            isolate_rng=self.isolate_rng,
+            read_ahead=self.read_ahead,
+            tensor_pool_slot_bytes=self.tensor_pool_slot_bytes if self.tensor_pool else None,
         )
+        runtime, outlet = start_runtime(datapipe, options)
         self._session = Session(runtime, outlet, self.num_workers, graph, sharding, epoch, pending)
         self._end_datapipe = runtime.end
         return outlet

@@ -64,19 +64,28 @@ class Outlet(IterDataPipe):
     ``StopIteration`` reached the user; ``positions`` the user's position in the workers' streams
     (when it is tracked; ``None`` in main-process replay mode); ``digest`` the running digest of
     the delivered items (main-process replay mode, when verification is on; ``None`` otherwise).
-    Set by the reading service: ``verify``; ``rng`` the pipeline's isolated global RNG states
-    (``num_workers=0``); ``read_ahead`` produce items ahead within one swap of them.
+    As the reading service starts it: ``verify`` replays against running digests; ``rng`` the
+    pipeline's isolated global RNG states (``num_workers=0``); ``read_ahead`` produce items ahead
+    within one swap of them.
     """
 
-    def __init__(self, source_datapipe: DataPipe, positions: Optional[UserPositions] = None) -> None:
+    def __init__(
+        self,
+        source_datapipe: DataPipe,
+        positions: Optional[UserPositions] = None,
+        *,
+        verify: bool = False,
+        rng: Optional[IsolatedRNG] = None,
+        read_ahead: bool = False,
+    ) -> None:
         self.source_datapipe = source_datapipe
         self.positions = positions
         self.epoch = NO_EPOCH
         self.delivered = 0
         self.finished = False
-        self.verify = False
-        self.rng: Optional[IsolatedRNG] = None
-        self.read_ahead = False
+        self.verify = verify
+        self.rng = rng
+        self.read_ahead = read_ahead
         self._chain: Optional[int] = None
         self._skip = 0
         self._skip_digest: Optional[str] = None

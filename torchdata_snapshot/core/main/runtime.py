@@ -26,7 +26,7 @@ from torchdata_snapshot.core.main.consumer import credit_window
 from torchdata_snapshot.core.main.in_process import InProcess
 from torchdata_snapshot.core.main.outlet import Outlet
 from torchdata_snapshot.core.main.worker_processes import WorkerPool
-from torchdata_snapshot.core.options import FaultOptions, TensorPoolOptions, WorkerOptions
+from torchdata_snapshot.core.options import RuntimeOptions, TensorPoolOptions
 
 __all__ = ["Runtime", "shut_down_when_broken", "start_runtime"]
 
@@ -80,35 +80,29 @@ class Runtime(Protocol):
         """Stop every process, bounded; idempotent."""
 
 
-def start_runtime(
-    datapipe: DataPipe,
-    num_workers: int,
-    multiprocessing_context: Optional[str],
-    prefetch: Tuple[int, int],
-    worker: WorkerOptions,
-    faults: FaultOptions,
-    isolate_rng: bool,
-    read_ahead: bool,
-    tensor_pool_slot_bytes: Optional[int] = None,
-) -> Tuple[Runtime, Outlet]:
-    """Run ``datapipe``: in worker processes (``num_workers > 0``; ``prefetch`` is the reading
-    service's ``(worker_prefetch_cnt, main_prefetch_cnt)``; with ``tensor_pool_slot_bytes``, each
-    worker gets a tensor pool of slots that size, see :mod:`torchdata_snapshot.tensor_pool.pool`) or in
-    this process; and the outlet, the last DataPipe, that counts what the user receives from it."""
+def start_runtime(datapipe: DataPipe, options: RuntimeOptions) -> Tuple[Runtime, Outlet]:
+    """Run ``datapipe`` as ``options`` say: in worker processes (``num_workers > 0``; with
+    ``tensor_pool_slot_bytes``, each worker gets a tensor pool of slots that size, see
+    :mod:`torchdata_snapshot.tensor_pool.pool`) or in this process; and the outlet, the last
+    DataPipe, that counts what the user receives from it."""
     runtime: Runtime
-    if num_workers:
-        window = credit_window(num_workers, *prefetch)
-        ctx = mp.get_context(multiprocessing_context)
+    worker = options.worker
+    if options.num_workers:
+        window = credit_window(options.num_workers, *options.prefetch)
+        ctx = mp.get_context(options.multiprocessing_context)
         pool = None
-        if tensor_pool_slot_bytes is not None:
-            pool = TensorPoolOptions.for_window(window, tensor_pool_slot_bytes)
-        runtime = WorkerPool.start(datapipe, ctx, num_workers, worker, window, faults, pool)
+        if options.tensor_pool_slot_bytes is not None:
+            pool = TensorPoolOptions.for_window(window, options.tensor_pool_slot_bytes)
+        runtime = WorkerPool.start(datapipe, ctx, options.num_workers, worker, window, options.faults, pool)
     else:
-        runtime = InProcess(datapipe, worker.custom_init_fn, isolate_rng)
-    outlet = Outlet(runtime.end, runtime.positions)
-    outlet.verify = worker.restore.verify_replay
-    outlet.rng = runtime.rng
-    outlet.read_ahead = read_ahead
+        runtime = InProcess(datapipe, worker.custom_init_fn, options.isolate_rng)
+    outlet = Outlet(
+        runtime.end,
+        runtime.positions,
+        verify=worker.restore.verify_replay,
+        rng=runtime.rng,
+        read_ahead=options.read_ahead,
+    )
     return runtime, outlet
 
 
