@@ -9,12 +9,6 @@ from torch.utils.data.datapipes.iter.selecting import FilterIterDataPipe
 from torchdata.datapipes.iter import FlatMapper, FullSync, LineReader, PinMemory, Prefetcher, WebDataset
 
 from torchdata_snapshot.core.catalogue import CATALOGUE, types_where
-from torchdata_snapshot.graph_state.graph_state import RESUMABLE_ADAPTERS, RESUMABLE_STATELESS
-
-
-def test_the_types_stateful_restore_replaces_are_the_catalogues_adapted_ones() -> None:
-    assert set(RESUMABLE_ADAPTERS) == set(types_where(adapted=True))
-    assert set(RESUMABLE_STATELESS) == set(types_where(stateless=True))
 
 
 def test_no_type_is_both_kept_as_stateless_and_replaced() -> None:

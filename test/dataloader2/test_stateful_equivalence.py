@@ -33,6 +33,7 @@ from torchdata.dataloader2.graph import set_graph_random_seed
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import FileLister, FileOpener, IterableWrapper, IterDataPipe
 
+from torchdata_snapshot.core.catalogue import types_where
 from torchdata_snapshot.core.graph import graph_datapipes
 from torchdata_snapshot.graph_state.graph_state import RESUMABLE_ADAPTERS, RESUMABLE_STATELESS, GraphState
 
@@ -390,3 +391,8 @@ def test_any_composition_restores_exactly_from_states_captured_after_restores(
     k = data.draw(st.integers(min_value=0, max_value=length), label="k")
     more = data.draw(st.integers(min_value=0, max_value=length - k), label="more")
     check_chained_restore(build, sharding, 0, k, more)
+
+
+def test_the_types_stateful_restore_replaces_are_the_catalogues_adapted_ones() -> None:
+    assert set(RESUMABLE_ADAPTERS) == set(types_where(adapted=True))
+    assert set(RESUMABLE_STATELESS) == set(types_where(stateless=True))
