@@ -54,7 +54,7 @@ REPLAY_PROGRESS_LOG_S = 5.0
 REQUEST_CHECK_ITEMS = 64
 REQUEST_CHECK_S = 0.002
 
-#: Small items (see ``_stream.small_items_window``): the credit window of a worker whose items
+#: Small items (see ``core.transport.batches.small_items_window``): the credit window of a worker whose items
 #: travel whole in their pickles covers at least this many of their bytes, up to that many items.
 SMALL_ITEMS_PREFETCH_BYTES = 1 << 18
 SMALL_ITEMS_MAX_WINDOW = 512

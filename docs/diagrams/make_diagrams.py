@@ -77,7 +77,7 @@ STRUCTURE = (
                 ("Outlet", "last DataPipe: what the user received"),
                 ("UserPositions", "the user's position in each stream"),
                 ("Checkpoint", "versioned plain-data state"),
-                ("InProcess | WorkerPool", "the Runtime: num_workers=0 | > 0"),
+                ("InProcess | WorkerProcesses", "the Runtime: num_workers=0 | > 0"),
                 ("PendingRestore", "a restore's plan, for the next epoch"),
                 ("ProcessLauncher", "starts, restarts, stops processes"),
                 ("WorkerConsumer", "round-robin DataPipe, epochs, control"),

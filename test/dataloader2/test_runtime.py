@@ -1,4 +1,4 @@
-"""Runtimes on their own: the graph running in worker processes (``WorkerPool``) or in this
+"""Runtimes on their own: the graph running in worker processes (``WorkerProcesses``) or in this
 process (``InProcess``), driven through the ``Runtime`` protocol as the reading service drives
 it, behind the outlet."""
 
@@ -15,7 +15,7 @@ from torchdata.datapipes.iter import IterableWrapper
 from torchdata_snapshot.core.main.in_process import InProcess
 from torchdata_snapshot.core.main.outlet import Outlet
 from torchdata_snapshot.core.main.runtime import Runtime
-from torchdata_snapshot.core.main.worker_processes import WorkerPool
+from torchdata_snapshot.core.main.worker_processes import WorkerProcesses
 
 Running = Tuple[Runtime, Outlet]
 
@@ -44,7 +44,7 @@ def _start_epoch(running: Running, epoch: int = 0) -> Outlet:
 
 def test_each_number_of_workers_gets_its_runtime(running: Running) -> None:
     runtime, _ = running
-    assert isinstance(runtime, InProcess if runtime.positions is None else WorkerPool)
+    assert isinstance(runtime, InProcess if runtime.positions is None else WorkerProcesses)
 
 
 def test_an_epoch_yields_the_whole_graph_once(running: Running) -> None:

@@ -18,7 +18,7 @@ Keys (``Checkpoint.to_plain()``)::
     arguments     per DataPipe (by ``datapipe_key``, e.g. "0:BatcherIterDataPipe"), the plain
                   constructor arguments that determine its data, wherever it keeps them, in
                   their compared form ({"batch_size": 4, "drop_last": false}; {"mode": "rt",
-                  "encoding": null}; see NOTE [ Argument readings ] in ``_arguments``), or None
+                  "encoding": null}; see NOTE [ Argument readings ] in ``checkpoint.arguments``), or None
                   (not recorded: a reading service that has not run)
     epoch         number of the epoch the state belongs to (-1 before the first)
     status        "idle" (no epoch started), "in_epoch", or "finished" (StopIteration reached the user)
@@ -46,7 +46,7 @@ Keys (``Checkpoint.to_plain()``)::
                   (1 and 0 without it), or None (unknown)
     remaining     what earlier elastic resumes of this epoch had delivered, one ``Level`` per
                   resume: {"whole": elements handed on whole, "partial": items handed on of the
-                  next element}, one count per sharding instance in each (see ``_remaining``)
+                  next element}, one count per sharding instance in each (see ``elastic.remaining``)
     ranks         every rank's per-worker ["taken", "partial"], by rank (``gather_elastic_state``),
                   or None (not gathered; a job of one rank does not need it)
     checksum      digest of all the above; any change to the state is detected

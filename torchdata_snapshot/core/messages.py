@@ -33,6 +33,12 @@ graph state     a worker graph's DataPipe states and global RNGs after an item, 
                 one while streaming is a *capture*
 replay          producing and dropping items, to bring a fresh stream to a position
 running digest  a 64-bit fold of every item of a stream so far (:mod:`torchdata_snapshot.checkpoint.digest`)
+channel         the one connection between two processes: a request pipe and a response pipe
+record          the main process's account of one worker's stream (``WorkerRecord``)
+worker epoch    what one epoch of a worker's graph has done so far (``WorkerEpoch``, new at each reset)
+tensor pool     a worker's recycled shared-memory slots for tensors (never the worker processes,
+                which ``WorkerProcesses`` runs)
+catalogue       what each DataPipe type of torch and torchdata is (:mod:`torchdata_snapshot.core.catalogue`)
 =============== ==================================================================================
 
 Processes and pipes
@@ -52,7 +58,7 @@ The worker loop produces while it has credit and hands each item, pickled, to it
 sends, in order, as ``ItemsResponse`` batches of whatever has accumulated (bounded by count and bytes, see
 :class:`BatchingOptions`), so no item waits for a slow next one. The main process keeps at most
 a window of ``worker_prefetch_cnt + ceil(main_prefetch_cnt / num_workers) + 1`` items
-outstanding per worker (more for small items, see ``_stream.small_items_window``) and tops the
+outstanding per worker (more for small items, see ``core.transport.batches.small_items_window``) and tops the
 credit up when half of it was used. Items the user has not
 taken yet wait in the outbox, the pipe or the main process's buffer; no thread polls anything.
 

@@ -145,7 +145,7 @@ class Session:
             _log_restore(resume, self.epoch, time.monotonic() - started)
 
     def checkpoint(self) -> Dict[str, Any]:
-        """The checkpoint at the user's position, as plain data (see ``_checkpoint``)."""
+        """The checkpoint at the user's position, as plain data (see ``checkpoint.format``)."""
         if self.epoch == NO_EPOCH:
             return checkpoint_before_start(self.num_workers, self.graph, self.sharding)
         positions = self.outlet.positions

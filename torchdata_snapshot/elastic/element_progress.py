@@ -106,7 +106,7 @@ class ElementProgress:
         sf = self.sf
         skips: Dict[int, int] = skips_of_instance(levels, sf.num_of_instances, sf.instance_id)
         # The element being expanded is the one the filter yielded last (only DataPipes that take
-        # one element at a time stand between them; see _elastic.elastic_refusal).
+        # one element at a time stand between them; see elastic.resume.elastic_refusal).
         self.expander.skip_per_element(lambda: skips.get(shifts.taken(sf) - 1, 0))
 
 

@@ -15,15 +15,15 @@ by its sources' future output plus a small state:
   ``Collator``, ``Filter``, ``Batcher``, ``Zipper`` (functions are assumed to be pure);
 * ``ShardingFilter``: stays in place (``DataLoader2`` finds it by its exact type when seeding);
   its state is how many items it yielded, from which follows how many it took from its source;
-  a resumed epoch shifts its ``instance_id`` accordingly (``_sharding_shift``);
+  a resumed epoch shifts its ``instance_id`` accordingly (``graph_state.sharding_shift``);
 * upstream DataPipes whose state lives in generator frames are replaced, in the worker, by
-  equivalents that keep it in attributes (``_equivalents``): ``IterableWrapper``
+  equivalents that keep it in attributes (``graph_state.equivalents``): ``IterableWrapper``
   (over a sequence or range), ``Shuffler`` (buffer and RNG), ``UnBatcher``, ``Header``,
   ``Cycler``, ``Concater``, ``Multiplexer``, ``FileLister``; and the readers, which open,
-  decompress, unpack and parse files (``_readers``); they yield exactly what the originals
+  decompress, unpack and parse files (``graph_state.readers``); they yield exactly what the originals
   yield, epoch after epoch;
 * any DataPipe with ``state_dict()`` and ``load_state_dict(state)`` methods, or whose type was
-  registered with :func:`~torchdata_snapshot.register_state_functions` (``_state_functions``).
+  registered with :func:`~torchdata_snapshot.register_state_functions` (``graph_state.state_functions``).
   ``load_state_dict`` is
   called before the resumed epoch's iterator starts; the next iteration must continue from that
   state.

@@ -1,11 +1,11 @@
 """``Runtime``: what the reading service asks of the place where the graph runs.
 
-Two runtimes have it: :class:`~torchdata_snapshot.core.main.in_process.InProcess` (``num_workers=0``: the
-whole graph runs in the main process) and :class:`~torchdata_snapshot.core.main.worker_processes.WorkerPool`
-(the replicable part runs in worker processes, and in a dispatching process what runs once). The
-reading service's :class:`~torchdata_snapshot.core.session.Session` drives either through this
-protocol, behind the :class:`~torchdata_snapshot.core.main.outlet.Outlet` that counts what the user
-received.
+Two runtimes have it: :class:`~torchdata_snapshot.core.main.in_process.InProcess`
+(``num_workers=0``: the whole graph runs in the main process) and
+:class:`~torchdata_snapshot.core.main.worker_processes.WorkerProcesses` (the replicable part
+runs in worker processes, and in a dispatching process what runs once). The reading service's
+:class:`~torchdata_snapshot.core.session.Session` drives either through this protocol, behind
+the :class:`~torchdata_snapshot.core.main.outlet.Outlet` that counts what the user received.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from torchdata_snapshot.checkpoint.rng_states import IsolatedRNG
 from torchdata_snapshot.core.main.consumer import credit_window
 from torchdata_snapshot.core.main.in_process import InProcess
 from torchdata_snapshot.core.main.outlet import Outlet
-from torchdata_snapshot.core.main.worker_processes import WorkerPool
+from torchdata_snapshot.core.main.worker_processes import WorkerProcesses
 from torchdata_snapshot.core.options import RuntimeOptions, TensorPoolOptions
 
 __all__ = ["Runtime", "shut_down_when_broken", "start_runtime"]
@@ -93,7 +93,9 @@ def start_runtime(datapipe: DataPipe, options: RuntimeOptions) -> Tuple[Runtime,
         pool = None
         if options.tensor_pool_slot_bytes is not None:
             pool = TensorPoolOptions.for_window(window, options.tensor_pool_slot_bytes)
-        runtime = WorkerPool.start(datapipe, ctx, options.num_workers, worker, window, options.faults, pool)
+        runtime = WorkerProcesses.start(
+            datapipe, ctx, options.num_workers, worker, window, options.faults, pool
+        )
     else:
         runtime = InProcess(datapipe, worker.custom_init_fn, options.isolate_rng)
     outlet = Outlet(

@@ -1,4 +1,4 @@
-"""``WorkerPool``: the replicable part of the graph running in worker processes.
+"""``WorkerProcesses``: the replicable part of the graph running in worker processes.
 
 Upstream's split of the graph is kept: the replicable branch runs in every worker (sharded), the
 DataPipes after it stay in the main process, and with ``sharding_round_robin_dispatch`` the part
@@ -54,7 +54,7 @@ from torchdata_snapshot.core.options import FaultOptions, TensorPoolOptions, Wor
 from torchdata_snapshot.core.plugins import Replacer, require
 from torchdata_snapshot.core.transport.channel import Channel
 
-__all__ = ["DispatcherClient", "WorkerPool"]
+__all__ = ["DispatcherClient", "WorkerProcesses"]
 
 R = TypeVar("R", bound=Response)
 
@@ -99,7 +99,7 @@ class DispatcherClient:
         self.channel.close()
 
 
-class WorkerPool:
+class WorkerProcesses:
     """Worker processes (and the dispatching process) running one graph; see the module docstring."""
 
     rng = None  # the workers' global RNGs are their own
@@ -134,7 +134,7 @@ class WorkerPool:
         window: int,
         faults: FaultOptions,
         tensor_pool: Optional[TensorPoolOptions] = None,
-    ) -> WorkerPool:
+    ) -> WorkerProcesses:
         """Split ``datapipe`` and start its processes; the graph is checked before any starts.
         ``tensor_pool``: each worker gets a pool of that size (see
         :mod:`torchdata_snapshot.tensor_pool.pool`)."""
