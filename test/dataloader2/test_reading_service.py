@@ -246,6 +246,28 @@ def test_calls_before_initialize_raise_a_reading_service_error_not_an_assertion(
         call(MultiProcessingReadingService(2))
 
 
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+@pytest.mark.parametrize("position", ["after the first item", "mid-epoch", "after the epoch's end"])
+def test_an_iterator_of_a_shut_down_loader_raises_instead_of_yielding(
+    make_dl: Any, num_workers: int, position: str
+) -> None:
+    """After ``DataLoader2.shutdown()`` its iterator yields no item (num_workers=0 would go on
+    running the graph in this process) and ends no epoch: it raises, naming the shutdown. (Before
+    its first item, DataLoader2 itself drops the iterator's source at shutdown: ``TypeError``.)"""
+    dl = make_dl(tiny(10), rs(num_workers))
+    iterator = iter(dl)
+    if position == "after the first item":
+        next(iterator)
+    elif position == "mid-epoch":
+        assert len({next(iterator) for _ in range(3)}) == 3
+    elif position == "after the epoch's end":
+        assert sorted(iterator) == [double(x) for x in range(10)]
+    dl.shutdown()
+    for _ in range(2):  # and again: no later call yields either
+        with pytest.raises(ReadingServiceClosedError, match=r"shut down \(DataLoader2.shutdown\(\)"):
+            next(iterator)
+
+
 # --- snapshot(): the RFC -------------------------------------------------------------------------
 
 

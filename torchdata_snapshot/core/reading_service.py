@@ -252,6 +252,8 @@ class MultiProcessingReadingService(
             return
         self._finalized = True
         if self._session is not None:
+            # After a failure the iterator keeps naming it; after a plain shutdown, the shutdown.
+            self._session.outlet.closed = not self._session.broken
             self._session.runtime.shutdown(min(JOIN_TIMEOUT_S, self.fault_options.control_timeout_s))
 
     # --- checkpoint / restore -------------------------------------------------------------------

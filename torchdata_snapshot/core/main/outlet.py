@@ -41,7 +41,7 @@ from torchdata.dataloader2.graph import DataPipe
 
 from torchdata_snapshot._compat import unhooked_iter
 from torchdata_snapshot._constants import NO_EPOCH, READ_AHEAD_BYTES, READ_AHEAD_ITEMS, READ_AHEAD_S
-from torchdata_snapshot._errors import CheckpointError
+from torchdata_snapshot._errors import CheckpointError, ReadingServiceClosedError
 from torchdata_snapshot.checkpoint.digest import CHAIN_START, chain, chain_hex
 from torchdata_snapshot.checkpoint.format import Checkpoint
 from torchdata_snapshot.checkpoint.positions import UserPositions
@@ -86,6 +86,7 @@ class Outlet(IterDataPipe):
         self.verify = verify
         self.rng = rng
         self.read_ahead = read_ahead
+        self.closed = False  # the reading service was shut down: no item comes out any more
         self._chain: Optional[int] = None
         self._skip = 0
         self._skip_digest: Optional[str] = None
@@ -248,6 +249,11 @@ class _OutletIterator:
 
     def __next__(self) -> Any:
         outlet = self.outlet
+        if outlet.closed:  # also in this process (num_workers=0), where the graph could go on
+            raise ReadingServiceClosedError(
+                "the reading service was shut down (DataLoader2.shutdown() or finalize()): its "
+                "iterators yield nothing more; create a new DataLoader2 to iterate again"
+            )
         if outlet.epoch != self.epoch:
             raise StopIteration  # an iterator of an epoch that is over
         rng = outlet.rng
