@@ -27,7 +27,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--tensor-pool",
         action="store_true",
         default=False,
-        help="the reading services of the tests that do not choose turn tensor_pool=True on",
+        help="the reading services of the tests that do not choose ask for tensor_pool=True",
+    )
+    parser.addoption(
+        "--no-tensor-pool",
+        action="store_true",
+        default=False,
+        help="the reading services of the tests that do not choose turn the tensor pool off "
+        "(tensor_pool=False; by default they have it where the platform does)",
     )
     parser.addoption(
         "--full-matrix",
@@ -46,9 +53,11 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.load_profile("full-matrix" if config.getoption("--full-matrix") else "suite")
     # Read by test_checkpoint_fuzz.py when it is imported (hypothesis settings are set then).
     os.environ["TORCHDATA_SNAPSHOT_FUZZ_EXAMPLES"] = str(config.getoption("--fuzz-examples"))
-    if config.getoption("--tensor-pool"):
+    if config.getoption("--tensor-pool") and config.getoption("--no-tensor-pool"):
+        raise pytest.UsageError("--tensor-pool and --no-tensor-pool contradict each other")
+    if config.getoption("--tensor-pool") or config.getoption("--no-tensor-pool"):
         # Read by pipelines.py and contract.py, in this process and the fresh ones tests start.
-        os.environ["TORCHDATA_SNAPSHOT_TEST_TENSOR_POOL"] = "1"
+        os.environ["TORCHDATA_SNAPSHOT_TEST_TENSOR_POOL"] = "1" if config.getoption("--tensor-pool") else "0"
     context = config.getoption("--mp-context")
     if context is not None:
         # An environment variable, read by test/dataloader2/pipelines.py when it is imported

@@ -79,9 +79,11 @@ READ_AHEAD_BYTES = 16 << 20
 #: (the thread sets a flag and signals nothing else; upstream rechecks every 10 ms).
 PREFETCHER_PAUSE_CHECK_S = 0.001
 
-#: The tensor pool (``tensor_pool=True``): the default size of a slot, which holds the tensors of
-#: one item (see ``_tensor_pool``).
-TENSOR_POOL_SLOT_BYTES = 4 << 20
+#: The tensor pool (on by default where the platform has it): the most a slot, which holds the
+#: tensors of one item, may grow to (``tensor_pool_slot_bytes``), and the size it starts at
+#: (see NOTE [ Tensor pool ] in ``tensor_pool/pool.py``, "Sizes").
+TENSOR_POOL_SLOT_BYTES = 64 << 20
+TENSOR_POOL_START_SLOT_BYTES = 1 << 20
 
 #: Offsets of tensors inside a tensor pool slot are multiples of this (a cache line; every
 #: dtype's alignment), and a slot is at least this large.

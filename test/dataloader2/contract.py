@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import io
 import multiprocessing
-import os
 import pickle
 import traceback
 from dataclasses import dataclass, field, replace
@@ -61,6 +60,8 @@ class Config:
     rs_options: Tuple[Tuple[str, Any], ...] = field(default=())
 
     def reading_service(self, **overrides: Any) -> Any:
+        from pipelines import TENSOR_POOL
+
         from torchdata_snapshot import MultiProcessingReadingService
 
         kwargs: Dict[str, Any] = dict(
@@ -68,7 +69,7 @@ class Config:
             worker_prefetch_cnt=self.worker_prefetch_cnt,
             main_prefetch_cnt=self.main_prefetch_cnt,
             multiprocessing_context=self.context,
-            tensor_pool=os.environ.get("TORCHDATA_SNAPSHOT_TEST_TENSOR_POOL") == "1",  # pytest --tensor-pool
+            tensor_pool=TENSOR_POOL,  # pytest --tensor-pool / --no-tensor-pool; else the default
         )
         kwargs.update(self.rs_options)
         kwargs.update(overrides)

@@ -22,8 +22,9 @@ from torchdata.datapipes.iter import IterableWrapper
 #: fork where the platform has it, as upstream's default on Linux.
 _DEFAULT_CONTEXT = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 CONTEXT = os.environ.get("TORCHDATA_SNAPSHOT_TEST_CONTEXT", _DEFAULT_CONTEXT)
-#: ``pytest --tensor-pool``: the reading services of the tests that do not choose use the pool.
-TENSOR_POOL = os.environ.get("TORCHDATA_SNAPSHOT_TEST_TENSOR_POOL") == "1"
+#: ``pytest --tensor-pool`` / ``--no-tensor-pool``: the reading services of the tests that do not
+#: choose ask for the pool / turn it off; else they have the default (on where the platform has it).
+TENSOR_POOL = {"1": True, "0": False}.get(os.environ.get("TORCHDATA_SNAPSHOT_TEST_TENSOR_POOL", ""))
 
 
 def rs(num_workers: int = 2, **kwargs: Any) -> Any:

@@ -13,7 +13,7 @@ import time
 import weakref
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterator, List
+from typing import Any, Dict, Iterator, List
 
 import psutil
 import pytest
@@ -304,14 +304,17 @@ def test_shutdown_releases_everything_at_once_over_many_loaders() -> None:
     gc.collect()
     fds, threads = open_fds(), threading.active_count()
     kept = []
-    shapes = ["shuffle_before_sharding", "dispatch", "stateful_source", "non_replicable_tail", "tensors"]
+    shapes = ["shuffle_before_sharding", "dispatch", "stateful_source", "non_replicable_tail"]
+    shapes += ["tensors", "pooled"]
     for cycle in range(50):
         shape = shapes[cycle % len(shapes)]
-        if shape == "tensors":  # shared memory: its file descriptors must be released too
+        options: Dict[str, Any] = {}
+        if shape in ("tensors", "pooled"):  # shared memory or the tensor pool: its memfds too
             dp = IterableWrapper(range(60)).sharding_filter().map(megabyte)
+            options["tensor_pool"] = shape == "pooled"
         else:
             dp = pipeline(shape, 60)
-        dl = DataLoader2(dp, reading_service=rs(2, restart_dead_workers=0))
+        dl = DataLoader2(dp, reading_service=rs(2, restart_dead_workers=0, **options))
         it = iter(dl)
         take(it, 5)
         dl.state_dict()

@@ -65,6 +65,8 @@ resumed = DataLoader2.from_state(state, MultiProcessingReadingService(num_worker
 print("resume", head + list(resumed) == reference)
 resumed.shutdown()
 print("elastic names", hasattr(torchdata_snapshot, "register_elastic"))
+from torchdata_snapshot.core.reading_service import uses_tensor_pool
+print("pool by default", uses_tensor_pool(None), uses_tensor_pool(False))
 for option, value in {options}:
     try:
         MultiProcessingReadingService(num_workers=1, **{{option: value}})
@@ -101,14 +103,17 @@ def test_without_a_feature_folder_the_package_runs_and_refuses_only_that_feature
     kept = sorted(field for other, fields in FEATURES.items() if other != folder for field in fields)
     assert out[:3] == [f"installed {kept}", "epoch True", "resume True"]
     assert out[3] == f"elastic names {folder != 'elastic'}"
-    assert len(out) == 5 and out[4].startswith(f"refused {OPTIONS[folder]} "), out
-    assert f"needs torchdata_snapshot.{folder}, which this installation" in out[4]
+    # The pool is on by default where it can be: without its folder the default quietly means off.
+    assert out[4] == f"pool by default {folder != 'tensor_pool'} False"
+    assert len(out) == 6 and out[5].startswith(f"refused {OPTIONS[folder]} "), out
+    assert f"needs torchdata_snapshot.{folder}, which this installation" in out[5]
 
 
 def test_without_every_feature_folder_the_package_runs(tmp_path: Path) -> None:
     out = run_without(tmp_path, sorted(FEATURES))
     assert out[:4] == ["installed []", "epoch True", "resume True", "elastic names False"]
-    assert [line.split()[1] for line in out[4:]] == [OPTIONS[folder] for folder in sorted(FEATURES)]
+    assert out[4] == "pool by default False False"
+    assert [line.split()[1] for line in out[5:]] == [OPTIONS[folder] for folder in sorted(FEATURES)]
 
 
 def test_each_feature_is_found_where_the_core_looks_for_it() -> None:

@@ -28,9 +28,10 @@ def test_mp_context_reaches_the_pipelines_of_the_tests() -> None:
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
 
 
-def test_tensor_pool_reaches_the_reading_services_of_the_tests() -> None:
+@pytest.mark.parametrize("option", ["--tensor-pool", "--no-tensor-pool"])
+def test_tensor_pool_reaches_the_reading_services_of_the_tests(option: str) -> None:
     command = [
-        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tensor-pool",
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", option,
         "test/dataloader2/test_suite_options.py::test_the_tensor_pool_seen_by_tests",
     ]  # fmt: skip
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -41,7 +42,9 @@ def test_the_tensor_pool_seen_by_tests(request: pytest.FixtureRequest) -> None:
     import pipelines
     from contract import Config
 
-    chosen = request.config.getoption("--tensor-pool")
+    # Neither option: the reading service's default (on where the platform has it).
+    chosen = True if request.config.getoption("--tensor-pool") else None
+    chosen = False if request.config.getoption("--no-tensor-pool") else chosen
     assert pipelines.rs(1).tensor_pool is chosen
     assert Config("tiny", 1).reading_service().tensor_pool is chosen
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import io
+import mmap
 import os
 from typing import Any
 
@@ -236,3 +237,59 @@ def test_forked_processes_holding_every_slot_send_items_the_usual_way() -> None:
     pool.reclaim()
     assert pool.free_slots() == 2
     assert int(pooled_item(pool, encoder, 7)[0]) == 7 and encoder.slot == 0  # the pool again
+
+
+def test_an_item_too_big_for_its_slot_goes_the_usual_way_and_grows_the_slots_for_later_items() -> None:
+    pool = TensorPool(TensorPoolOptions(2, 4 << 20, slot_bytes=1 << 16))
+    encoder = ItemEncoder(pool)
+    big = torch.arange(40_000, dtype=torch.int64)  # 320 KB: more than the slot's 64 KiB
+    (first,) = ItemDecoder.decode(1, encoder.dumps(big), pool)
+    assert encoder.slot is None and first.is_shared() and torch.equal(first, big)  # the usual path
+    assert pool.slot_bytes == -(-320_000 // mmap.PAGESIZE) * mmap.PAGESIZE  # what it needed, in pages
+    (second,) = ItemDecoder.decode(1, encoder.dumps(big + 1), pool)
+    assert encoder.slot == 0 and not second.is_shared() and torch.equal(second, big + 1)
+    assert torch.equal(first, big)  # the first is its own memory
+
+
+def test_the_slots_grow_at_least_twofold_and_never_past_their_bound() -> None:
+    pool = TensorPool(TensorPoolOptions(1, 1 << 20, slot_bytes=1 << 16))
+    encoder = ItemEncoder(pool)
+    encoder.dumps(torch.zeros(70_000, dtype=torch.uint8))  # a little over 64 KiB
+    assert encoder.slot is None and pool.slot_bytes == 1 << 17  # twice the slot
+    encoder.dumps(torch.zeros(2 << 20, dtype=torch.uint8))  # 2 MiB: past the bound
+    assert encoder.slot is None and pool.slot_bytes == 1 << 20  # grown to the bound, no further
+    (item,) = ItemDecoder.decode(1, encoder.dumps(torch.full((2 << 20,), 3, dtype=torch.uint8)), pool)
+    assert encoder.slot is None and item.is_shared() and int(item.sum()) == 3 * (2 << 20)
+    del item
+    (fits,) = ItemDecoder.decode(1, encoder.dumps(torch.full((1 << 20,), 5, dtype=torch.uint8)), pool)
+    assert encoder.slot == 0 and int(fits.sum()) == 5 << 20  # exactly the bound: in the slot
+
+
+def test_the_tensors_of_an_item_that_fit_go_in_its_slot_and_the_rest_grows_it() -> None:
+    pool = TensorPool(TensorPoolOptions(1, 1 << 20, slot_bytes=1 << 16))
+    encoder = ItemEncoder(pool)
+    item = (torch.ones(8000, dtype=torch.int64), torch.zeros(8000, dtype=torch.int64))  # 2 x 64,000 B
+    (got,) = ItemDecoder.decode(1, encoder.dumps(item), pool)
+    assert encoder.slot == 0 and not got[0].is_shared() and got[1].is_shared()
+    assert all(map(torch.equal, got, item)) and pool.slot_bytes == 1 << 17
+    del got
+    (again,) = ItemDecoder.decode(1, encoder.dumps(item), pool)
+    assert not any(t.is_shared() for t in again) and all(map(torch.equal, again, item))
+
+
+def test_a_pool_uses_the_memory_of_the_items_seen_not_its_bound() -> None:
+    pool = TensorPool(TensorPoolOptions(4, 64 << 20))
+    assert pool.options.max_bytes == 256 << 20
+    encoder = ItemEncoder(pool)
+    (item,) = ItemDecoder.decode(1, encoder.dumps(torch.ones(1024)), pool)
+    assert os.fstat(pool.fd).st_blocks * 512 <= 64 << 10  # sparse: a page or so, not 256 MiB
+    del item
+    pool.close_fd()
+
+
+def test_the_platform_is_named_where_it_has_no_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert TensorPool.unavailable() is None  # the suite runs on Linux
+    monkeypatch.setattr("sys.platform", "darwin")
+    assert TensorPool.unavailable() == (
+        "the tensor pool needs Linux (os.memfd_create), and this platform is darwin"
+    )

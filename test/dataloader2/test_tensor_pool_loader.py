@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+from types import SimpleNamespace
 from typing import Any, List
 
 import numpy as np
@@ -17,6 +19,7 @@ from torchdata.datapipes.iter import IterableWrapper
 
 from torchdata_snapshot import WorkerDiedError
 from torchdata_snapshot.core.options import TensorPoolOptions
+from torchdata_snapshot.tensor_pool import pool as pool_module
 
 SIXTY_FOUR_KB, ONE_MB = 8192, 131072  # int64 elements
 
@@ -208,3 +211,39 @@ def test_the_reading_services_own_forks_hold_no_slot(make_dl: Any) -> None:
     free = pool.free_slots()
     del kept
     assert pool.slots_held_for_forks == 0 and pool.free_slots() == free + 1
+
+
+def test_the_pool_is_on_by_default_where_the_platform_has_it(make_dl: Any) -> None:
+    from torchdata_snapshot import MultiProcessingReadingService
+
+    dl = make_dl(tensor_items(20), MultiProcessingReadingService(num_workers=1))
+    got = list(dl)
+    assert_equal(got, in_process(20, SIXTY_FOUR_KB))
+    assert all(pooled(t) for t in got)
+
+
+def test_off_the_platform_the_default_takes_the_usual_path_and_asking_raises(
+    make_dl: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torchdata_snapshot import MultiProcessingReadingService
+
+    # As on Windows or macOS: the pool module sees another platform (the rest of the process does not).
+    monkeypatch.setattr(pool_module, "sys", SimpleNamespace(platform="win32", modules=sys.modules))
+    dl = make_dl(tensor_items(20), MultiProcessingReadingService(num_workers=1))
+    got = list(dl)
+    assert_equal(got, in_process(20, SIXTY_FOUR_KB))
+    assert not any(pooled(t) for t in got) and worker_pools(dl) == [None]
+    with pytest.raises(ValueError, match="tensor_pool=True: the tensor pool needs Linux .*platform is win32"):
+        MultiProcessingReadingService(num_workers=1, tensor_pool=True)
+    MultiProcessingReadingService(num_workers=1, tensor_pool=False)  # off: nothing to refuse
+
+
+def test_the_slots_grow_to_the_items_seen(make_dl: Any) -> None:
+    """Slots start at 1 MiB: 2 MB items take the usual path until one has grown them."""
+    numel = 2 * ONE_MB
+    dl = make_dl(tensor_items(12, numel), rs(1, tensor_pool=True))
+    got = list(dl)
+    assert_equal(got, in_process(12, numel))
+    assert not pooled(got[0]) and all(pooled(t) for t in got[-4:])
+    (pool,) = worker_pools(dl)
+    assert pool.options.max_slot_bytes == 64 << 20 and pool.options.max_bytes == pool.slots * (64 << 20)

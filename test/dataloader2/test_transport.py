@@ -65,8 +65,9 @@ def test_small_items_run_ahead_further_than_the_prefetch_counts(make_dl: Any) ->
 
 def test_items_holding_shared_memory_stay_within_the_prefetch_counts(make_dl: Any) -> None:
     """A tensor's pickle is a handle into shared memory: the prefetch counts bound that memory.
-    (What the main process granted is read directly: the worker reaches it only in its time.)"""
-    dl = make_dl(IterableWrapper(range(400)).sharding_filter().map(megabyte), rs(1))
+    (What the main process granted is read directly: the worker reaches it only in its time.)
+    The usual path (the tensor pool's slots are bounded by the window too: test_tensor_pool_loader)."""
+    dl = make_dl(IterableWrapper(range(400)).sharding_filter().map(megabyte), rs(1, tensor_pool=False))
     it = iter(dl)
     take(it, 100)
     window = credit_window_of(dl)  # the prefetch counts: 10 + 10 + 1

@@ -18,6 +18,7 @@ from torchdata_snapshot._constants import (
     ALIGN_BYTES,
     DEFAULT_CONTROL_TIMEOUT_S,
     DEFAULT_MAX_ITEMS_BETWEEN_CAPTURES,
+    TENSOR_POOL_START_SLOT_BYTES,
 )
 
 __all__ = [
@@ -181,24 +182,28 @@ class RuntimeOptions:
 
 @dataclass(frozen=True)
 class TensorPoolOptions:
-    """The pool of one worker: ``slots`` slots of ``slot_bytes`` bytes each."""
+    """The pool of one worker: ``slots`` slots, each holding the tensors of one item in up to
+    ``max_slot_bytes`` bytes. A slot starts at ``slot_bytes`` (at most ``max_slot_bytes``); an item
+    whose tensors do not fit takes the usual path and grows the slots for later items, up to
+    ``max_slot_bytes`` (see NOTE [ Tensor pool ], "Sizes")."""
 
     slots: int
-    slot_bytes: int
+    max_slot_bytes: int
+    slot_bytes: int = TENSOR_POOL_START_SLOT_BYTES
 
     def __post_init__(self) -> None:
         if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
             raise ValueError(f"the tensor pool needs >= 1 slot, got {self.slots!r}")
-        if (
-            isinstance(self.slot_bytes, bool)
-            or not isinstance(self.slot_bytes, int)
-            or self.slot_bytes < ALIGN_BYTES
-        ):
-            raise ValueError(
-                f"tensor_pool_slot_bytes must be an int >= {ALIGN_BYTES}, got {self.slot_bytes!r}"
-            )
+        for name, value in (("tensor_pool_slot_bytes", self.max_slot_bytes), ("slot_bytes", self.slot_bytes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < ALIGN_BYTES:
+                raise ValueError(f"{name} must be an int >= {ALIGN_BYTES}, got {value!r}")
+
+    @property
+    def max_bytes(self) -> int:
+        """The most memory the pool's slots may hold: every slot grown to its bound."""
+        return self.slots * self.max_slot_bytes
 
     @classmethod
-    def for_window(cls, window: int, slot_bytes: int) -> TensorPoolOptions:
+    def for_window(cls, window: int, max_slot_bytes: int) -> TensorPoolOptions:
         """Twice the credit window (at least 4): the items in flight and as many held downstream."""
-        return cls(max(4, 2 * window), slot_bytes)
+        return cls(max(4, 2 * window), max_slot_bytes, min(TENSOR_POOL_START_SLOT_BYTES, max_slot_bytes))

@@ -39,6 +39,7 @@ __all__ = [
     "Plugins",
     "Replacer",
     "ReplacerFactory",
+    "TensorPoolFeature",
     "installed",
     "own_process_start",
     "require",
@@ -92,6 +93,15 @@ class ElasticWorker(Protocol):
         """At a yield point: the items of the expander's current element handed on."""
 
 
+class TensorPoolFeature(Protocol):
+    """The tensor pool: makes a worker's :class:`ItemPool` in the main process before the worker
+    starts, and says why this platform cannot have one (``None``: it can)."""
+
+    def __call__(self, options: TensorPoolOptions) -> ItemPool: ...
+
+    def unavailable(self) -> Optional[str]: ...
+
+
 @dataclass(frozen=True)
 class Plugins:
     """What the installed features offer; ``None`` where a feature's folder is not there."""
@@ -103,8 +113,9 @@ class Plugins:
     #: ``elastic/``: makes each worker's ``ElasticWorker`` (``() -> ElasticWorker``).
     elastic_worker: Optional[Callable[[], ElasticWorker]] = None
     #: ``tensor_pool/``: a worker's pool of shared-memory slots for the tensors of its items
-    #: (``tensor_pool=True``), made in the main process before the worker starts.
-    tensor_pool: Optional[Callable[[TensorPoolOptions], ItemPool]] = None
+    #: (``tensor_pool``: on by default where the platform has it), made in the main process
+    #: before the worker starts.
+    tensor_pool: Optional[TensorPoolFeature] = None
 
 
 #: Each field of ``Plugins``: the module that offers it and the name it has there.

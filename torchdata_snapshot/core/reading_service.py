@@ -49,7 +49,7 @@ from torchdata_snapshot.core.options import (
     check_start_method,
     check_type,
 )
-from torchdata_snapshot.core.plugins import require
+from torchdata_snapshot.core.plugins import installed, require
 from torchdata_snapshot.core.session import Session, checkpoint_before_start
 from torchdata_snapshot.graph_state.moved_roots import moved_roots, resumed_where_moved
 
@@ -64,6 +64,25 @@ class _Plan(NamedTuple):
     sharding: Tuple[int, int]
     pending: Optional[PendingRestore]
     moved: bool  # the data directory moved: ``state`` is not the one taken
+
+
+def uses_tensor_pool(option: Optional[bool]) -> bool:
+    """Whether workers get a tensor pool: ``option`` ``None`` (the default) where the feature is
+    installed and the platform has it, ``True`` always (else ``ValueError`` naming what is
+    missing: the folder, or the platform), ``False`` never."""
+    if option is False:
+        return False
+    feature = installed().tensor_pool
+    if feature is None:
+        if option:
+            require("tensor_pool", "tensor_pool=True")  # raises, naming the folder
+        return False
+    reason = feature.unavailable()
+    if reason is not None:
+        if option:
+            raise ValueError(f"tensor_pool=True: {reason}")
+        return False
+    return True
 
 
 class MultiProcessingReadingService(
@@ -128,9 +147,14 @@ class MultiProcessingReadingService(
             not contiguous CPU tensors, require grad, or arrive while the user (or forked
             processes) hold every slot take the usual path. Tensors of one item that shared a
             storage arrive as separate copies. Numpy arrays travel the same way (see the docs'
-            performance page).
-        tensor_pool_slot_bytes: the size of a slot: the tensors of one item (or batch) that fit
-            in it travel through the pool (default 4 MiB).
+            performance page). ``None`` (the default): on where the platform has it (Linux) and
+            the ``tensor_pool`` folder is installed, else off; ``True``: required (``ValueError``
+            naming the platform or the missing folder where it cannot be); ``False``: off.
+        tensor_pool_slot_bytes: the most a slot may grow to: slots start at 1 MiB and grow to fit
+            the items seen (an item that does not fit takes the usual path and grows the slots for
+            the next ones); the tensors of one item (or batch) larger than this always take the
+            usual path (default 64 MiB). A pool holds at most its slots times this, and in
+            practice its slots times the largest item seen (see the docs' performance page).
     """
 
     def __init__(
@@ -152,7 +176,7 @@ class MultiProcessingReadingService(
         isolate_rng: bool = True,
         read_ahead: bool = False,
         elastic: bool = False,
-        tensor_pool: bool = False,
+        tensor_pool: Optional[bool] = None,
         tensor_pool_slot_bytes: int = TENSOR_POOL_SLOT_BYTES,
     ) -> None:
         # Upstream's __init__ is not called: it asserts instead of raising and warns that
@@ -173,9 +197,11 @@ class MultiProcessingReadingService(
         self.elastic = bool(elastic)
         if self.elastic:
             require("elastic_start", "elastic=True")
-        self.tensor_pool = check_type("tensor_pool", tensor_pool, bool)
-        if self.tensor_pool:
-            require("tensor_pool", "tensor_pool=True")
+        if tensor_pool is not None:
+            check_type("tensor_pool", tensor_pool, bool)
+        self.tensor_pool = tensor_pool
+        if tensor_pool:
+            uses_tensor_pool(tensor_pool)  # raises where it cannot be
         TensorPoolOptions(1, tensor_pool_slot_bytes)  # validates it
         self.tensor_pool_slot_bytes = tensor_pool_slot_bytes
         self._reset_runtime()
@@ -216,6 +242,7 @@ class MultiProcessingReadingService(
         if self._session is not None:
             raise ReadingServiceError("initialize() was already called on this reading service")
         worker = WorkerOptions(self.worker_init_fn, self.worker_reset_fn, self.batching, self.restore_options)
+        pool = self.tensor_pool_slot_bytes if uses_tensor_pool(self.tensor_pool) else None
         options = RuntimeOptions(
             num_workers=self.num_workers,
             multiprocessing_context=self.multiprocessing_context,
@@ -224,7 +251,7 @@ class MultiProcessingReadingService(
             faults=self.fault_options,
             isolate_rng=self.isolate_rng,
             read_ahead=self.read_ahead,
-            tensor_pool_slot_bytes=self.tensor_pool_slot_bytes if self.tensor_pool else None,
+            tensor_pool_slot_bytes=pool,
         )
         runtime, outlet = start_runtime(datapipe, options)
         self._session = Session(runtime, outlet, self.num_workers, graph, sharding, epoch, pending)

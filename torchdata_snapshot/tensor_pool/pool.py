@@ -6,11 +6,11 @@ NOTE [ Tensor pool ]
 Without it, every tensor an item holds gets a fresh shared-memory segment in the worker and its
 file descriptor travels through torch's resource sharer (``ForkingPickler``): page faults on new
 memory and a descriptor round trip per tensor, about 0.1-0.8 GB/s. With it
-(``MultiProcessingReadingService(tensor_pool=True)``):
+(on by default where the platform has it, Linux: see :func:`unavailable`):
 
 * **Layout.** The main process creates one pool per worker process it starts: an unlinked
   ``memfd`` (nothing ever exists in /dev/shm), mapped in both processes. It starts with one flag
-  byte per slot, then ``slots`` slots of ``slot_bytes`` each. Under ``fork`` the worker inherits
+  byte per slot, then ``slots`` slots of ``max_slot_bytes`` each. Under ``fork`` the worker inherits
   the mapping; under ``spawn``/``forkserver`` the descriptor travels with the process's
   arguments (``multiprocessing.reduction.DupFd``) and the worker maps it. The main process
   closes its descriptor once the worker started: the memory lives as long as a mapping does.
@@ -43,6 +43,15 @@ memory and a descriptor round trip per tensor, about 0.1-0.8 GB/s. With it
   NOTE [ Tensor pool leases and forks ] in :mod:`torchdata_snapshot.tensor_pool.leases`). The
   reading service's own processes (workers, the dispatching process) read none of the user's
   tensors, and their forks hold nothing.
+* **Sizes.** A slot's memory is the pages its items wrote: the memfd is sparse, so what a pool
+  holds is, per slot, the largest item that went through it (rounded up to pages), never more
+  than ``max_slot_bytes`` (``tensor_pool_slot_bytes``, 64 MiB by default) per slot. The worker
+  places an item's tensors within ``slot_bytes`` of its slot, a limit that starts at
+  ``TENSOR_POOL_START_SLOT_BYTES`` (1 MiB): an item whose tensors do not all fit sends those that
+  do not the usual path, and the limit grows, for later items, to twice what it was or to what
+  the item needed, whichever is more, up to ``max_slot_bytes``; an item larger than that always
+  takes the usual path. The limit is the worker's own (nothing else reads it); the main process
+  reads each item's tensors where the pickle says they are.
 * **Bounds.** Items in flight are bounded by credit as before (a pooled item counts as holding
   shared memory: the window stays at the prefetch counts); slots are ``2 x`` the window (at
   least 4), so they cover the window plus as many items held downstream; when the user holds
@@ -155,10 +164,13 @@ class TensorPool:
     """One worker's pool (see NOTE [ Tensor pool ] above); created in the main process."""
 
     def __init__(self, options: TensorPoolOptions, fd: Optional[int] = None) -> None:
+        self.options = options
         self.slots = options.slots
-        self.slot_bytes = _round_up(options.slot_bytes, _PAGE)
+        self.max_slot_bytes = _round_up(options.max_slot_bytes, _PAGE)  # the slots' stride
+        # The worker's limit on an item's bytes in its slot (grows, see "Sizes" above).
+        self.slot_bytes = min(_round_up(options.slot_bytes, _PAGE), self.max_slot_bytes)
         self._header = _round_up(self.slots, _PAGE)
-        size = self._header + self.slots * self.slot_bytes
+        size = self._header + self.slots * self.max_slot_bytes  # sparse: pages are used as written
         created = fd is None
         if fd is None:
             fd = os.memfd_create("torchdata_snapshot tensor pool", os.MFD_CLOEXEC)
@@ -179,12 +191,20 @@ class TensorPool:
         self._slot: Optional[int] = None
         self._used = 0
         self._exhausted = False
+        self._wanted = 0  # the bytes the item's qualifying tensors would need in one slot
+
+    @staticmethod
+    def unavailable() -> Optional[str]:
+        """Why this platform cannot have a pool (``None``: it can): it needs ``os.memfd_create``."""
+        if sys.platform.startswith("linux") and hasattr(os, "memfd_create"):
+            return None
+        return f"the tensor pool needs Linux (os.memfd_create), and this platform is {sys.platform}"
 
     def __reduce__(self) -> Tuple[Any, ...]:
         # Only while a spawn/forkserver process starts: the descriptor goes with its arguments.
         if self.fd is None:
             raise ProtocolError("a tensor pool can only be sent to the worker it was made for, as it starts")
-        return (_attach, (DupFd(self.fd), self.slots, self.slot_bytes))
+        return (_attach, (DupFd(self.fd), self.options))
 
     def close_fd(self) -> None:
         """The main process, once the worker started (or in the worker, once mapped): the
@@ -199,11 +219,15 @@ class TensorPool:
         return bytes(self._flags).count(_FREE)
 
     def begin_item(self) -> None:
-        self._slot, self._used, self._exhausted = None, 0, False
+        self._slot, self._used, self._exhausted, self._wanted = None, 0, False, 0
 
     def end_item(self, ok: bool) -> Optional[int]:
         """The slot the item just pickled holds (``None``: none). ``ok=False``: the item is not
-        sent after all, and its slot is freed."""
+        sent after all, and its slot is freed. An item whose tensors did not all fit grows the
+        limit for later items (see "Sizes" in NOTE [ Tensor pool ])."""
+        if self._wanted > self.slot_bytes and self.slot_bytes < self.max_slot_bytes:
+            grown = max(2 * self.slot_bytes, _round_up(self._wanted, _PAGE))
+            self.slot_bytes = min(grown, self.max_slot_bytes)
         slot, self._slot = self._slot, None
         if slot is not None and not ok:
             self.release(slot)
@@ -235,13 +259,14 @@ class TensorPool:
         if placed is None:
             return None
         slot, offset = placed
-        start = self._header + slot * self.slot_bytes + offset
+        start = self._header + slot * self.max_slot_bytes + offset
         self._view[start : start + nbytes] = _bytes_of(obj)  # one memcpy
         return (kind, (slot, offset, nbytes, obj.dtype, shape, extra))
 
     def _place(self, nbytes: int) -> Optional[Tuple[int, int]]:
         """``(slot, offset)``: where the item's next ``nbytes`` go (taking a slot for its first),
         or ``None`` if they do not fit or no slot is free."""
+        self._wanted = _round_up(self._wanted, ALIGN_BYTES) + nbytes
         offset = _round_up(self._used, ALIGN_BYTES)
         if offset + nbytes > self.slot_bytes:
             return None
@@ -261,8 +286,8 @@ class TensorPool:
         return slot
 
     def _slot_view(self, slot: int) -> memoryview:
-        start = self._header + slot * self.slot_bytes
-        return self._view[start : start + self.slot_bytes]
+        start = self._header + slot * self.max_slot_bytes
+        return self._view[start : start + self.max_slot_bytes]
 
     # --- main side ------------------------------------------------------------------------------
 
@@ -340,8 +365,8 @@ def _rebuilders(pool: TensorPool) -> Tuple[Callable[..., Any], Callable[..., Any
     return rebuild_tensor, rebuild_array
 
 
-def _attach(fd: Any, slots: int, slot_bytes: int) -> TensorPool:
+def _attach(fd: Any, options: TensorPoolOptions) -> TensorPool:
     """In a spawned worker: map the pool whose descriptor came with the process's arguments."""
-    pool = TensorPool(TensorPoolOptions(slots, slot_bytes), fd=fd.detach())
+    pool = TensorPool(options, fd=fd.detach())
     pool.close_fd()
     return pool
