@@ -6,7 +6,9 @@ exactly that of an uninterrupted run.
     python scripts/chaos.py all      (both; what scripts/chaos.sh runs)
 
 ``--tensor-pool`` runs both with ``tensor_pool=True``: each item then carries a tensor, which
-reaches the training loop as a view of a worker's pool.
+reaches the training loop as a view of a worker's pool. ``--no-tensor-pool`` runs them with
+``tensor_pool=False``; without either, the reading service has its default (the pool where the
+platform has it; the items carry no tensor).
 
 ``workers``: a multi-epoch job with ``restart_dead_workers`` and a checkpoint every few steps,
 while a killer thread SIGKILLs a random worker after random intervals (also between epochs and
@@ -83,7 +85,7 @@ def reading_service(args: argparse.Namespace, **faults: Any) -> MultiProcessingR
         worker_prefetch_cnt=10,
         main_prefetch_cnt=10,
         multiprocessing_context=args.start_method,
-        tensor_pool=args.tensor_pool,
+        tensor_pool=True if args.tensor_pool else (False if args.no_tensor_pool else None),
         **faults,
     )
 
@@ -281,6 +283,8 @@ def run_until_killed(args: argparse.Namespace, kill_after: Optional[int]) -> Tup
                args.start_method, "--checkpoint-every", str(args.checkpoint_every)]  # fmt: skip
     if args.tensor_pool:
         command.append("--tensor-pool")
+    if args.no_tensor_pool:
+        command.append("--no-tensor-pool")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     steps = 0
     try:
@@ -337,6 +341,7 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=25)
     parser.add_argument("--start-method", default="fork", choices=["fork", "spawn", "forkserver"])
     parser.add_argument("--tensor-pool", action="store_true", help="tensor_pool=True; items carry a tensor")
+    parser.add_argument("--no-tensor-pool", action="store_true", help="tensor_pool=False")
     parser.add_argument("--seed", type=int, default=None, help="of the kill schedule (default: random)")
     parser.add_argument("--workdir", default="")
     args = parser.parse_args()

@@ -16,8 +16,9 @@ CHAOS = Path(__file__).resolve().parents[2] / "scripts" / "chaos.py"
 
 
 def chaos(*args: str) -> str:
-    """Run the script under the suite's start method (and tensor pool: ``pytest --tensor-pool``)."""
-    pool = ["--tensor-pool"] if TENSOR_POOL else []
+    """Run the script under the suite's start method (and tensor pool: ``pytest --tensor-pool`` or
+    ``--no-tensor-pool``; without either, the reading service's default)."""
+    pool = {True: ["--tensor-pool"], False: ["--no-tensor-pool"], None: []}[TENSOR_POOL]
     done = subprocess.run(
         [sys.executable, str(CHAOS), *args, "--start-method", CONTEXT, *pool],
         capture_output=True,
@@ -26,7 +27,7 @@ def chaos(*args: str) -> str:
     )
     assert done.returncode == 0, f"chaos failed:\n{done.stdout}\n{done.stderr}"
     assert "chaos: passed" in done.stdout
-    assert ("tensor pool" in done.stdout.splitlines()[0]) is TENSOR_POOL
+    assert ("tensor pool" in done.stdout.splitlines()[0]) is (TENSOR_POOL is True)
     return done.stdout
 
 
