@@ -4,9 +4,10 @@ Every peer prefetches with its defaults scaled the same way: DataLoader2 with 10
 worker and 10 in the main process; ``DataLoader``/``StatefulDataLoader`` with
 ``prefetch_factor=10`` (items per worker). Workers are started before timing starts. ``in_process``
 (upstream's ``InProcessReadingService``, whatever the worker count) is the ceiling.
+``ours`` has the default options (the tensor pool on, where the platform has it).
 ``ours_read_ahead`` is ours with ``read_ahead=True``, which only changes ``num_workers=0``: it
-runs there only (see :data:`IN_PROCESS_ONLY`). ``ours_tensor_pool`` is ours with ``tensor_pool=True``,
-on tensor workloads with workers only (see :data:`TENSORS_ONLY`).
+runs there only (see :data:`IN_PROCESS_ONLY`). ``ours_no_tensor_pool`` is ours with
+``tensor_pool=False``, on tensor workloads with workers only (see :data:`TENSORS_ONLY`).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ PREFETCH = 10
 #: Peers measured with ``num_workers=0`` only (the same as another peer with workers).
 IN_PROCESS_ONLY = frozenset({"ours_read_ahead"})
 
-#: Peers measured with workers on tensor workloads only (``tensor_pool=True`` changes nothing else).
-TENSORS_ONLY = frozenset({"ours_tensor_pool"})
+#: Peers measured with workers on tensor workloads only (``tensor_pool=False`` changes nothing else).
+TENSORS_ONLY = frozenset({"ours_no_tensor_pool"})
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,10 @@ def peers() -> Dict[str, Peer]:
         "ours_read_ahead": Peer(
             "ours_read_ahead", _dl2(partial(MultiProcessingReadingService, read_ahead=True)), _shutdown_dl2
         ),
-        "ours_tensor_pool": Peer(
-            "ours_tensor_pool", _dl2(partial(MultiProcessingReadingService, tensor_pool=True)), _shutdown_dl2
+        "ours_no_tensor_pool": Peer(
+            "ours_no_tensor_pool",
+            _dl2(partial(MultiProcessingReadingService, tensor_pool=False)),
+            _shutdown_dl2,
         ),
         "dataloader": Peer("dataloader", _torch_loader(DataLoader), _drop_torch_loader),
         "in_process": Peer("in_process", _in_process, _shutdown_dl2),

@@ -96,8 +96,9 @@ def run_throughput(
     return rows
 
 
-#: Our variants, each a row of the table (``read_ahead`` where it was measured: ``num_workers=0``).
-VARIANTS = {"default": "ours", "read_ahead": "ours_read_ahead", "tensor_pool": "ours_tensor_pool"}
+#: Our variants, each a row of the table (``read_ahead`` where it was measured: ``num_workers=0``;
+#: ``no_tensor_pool`` on tensor workloads with workers). The table lists the default rows first.
+VARIANTS = {"default": "ours", "read_ahead": "ours_read_ahead", "no_tensor_pool": "ours_no_tensor_pool"}
 
 
 def throughput_rows(
@@ -321,26 +322,43 @@ def run_memory(args: argparse.Namespace, loads: Dict[str, Workload]) -> Dict:
     return result
 
 
+THROUGHPUT_HEADER = [
+    "| workload | workers | ours items/s | upstream MPRS | DataLoader | StatefulDataLoader "
+    "| in-process (ceiling) | ours/upstream | ours/DataLoader | ours/StatefulDataLoader "
+    "| ours/ceiling | ours GB/s |",
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+]
+
+
+def throughput_line(row: Dict) -> str:
+    nan = float("nan")
+    m, r = row["median_items_per_s"], row["ratios"]
+    return (
+        f"| {row['workload']} | {workers_label(row)} | {m['ours']:,.0f} | {m['upstream_mprs']:,.0f} "
+        f"| {m['dataloader']:,.0f} | {m.get('stateful_dataloader', nan):,.0f} "
+        f"| {m.get('in_process', nan):,.0f} | {r['upstream_mprs']:.1f}x | {r['dataloader']:.2f}x "
+        f"| {r.get('stateful_dataloader', nan):.2f}x | {r.get('in_process', nan):.2f}x "
+        f"| {gb_per_s(row)} |"
+    )
+
+
 def markdown(results: Dict) -> str:
+    """The report: what the default options give first, then the rows of options set."""
+    rows = results["throughput"]
+    default = [row for row in rows if row.get("variant", "default") == "default"]
+    options = [row for row in rows if row.get("variant", "default") != "default"]
     lines = [
         f"Measured {results['date']} on {results['machine']} (torch {results['torch']}, "
         f"torchdata {results['torchdata']}); medians of {results['repeats']} runs.",
         "",
-        "| workload | workers | ours items/s | upstream MPRS | DataLoader | StatefulDataLoader "
-        "| in-process (ceiling) | ours/upstream | ours/DataLoader | ours/StatefulDataLoader "
-        "| ours/ceiling | ours GB/s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "Default options (the tensor pool on, where the platform has it):",
+        "",
+        *THROUGHPUT_HEADER,
+        *map(throughput_line, default),
     ]
-    nan = float("nan")
-    for row in results["throughput"]:
-        m, r = row["median_items_per_s"], row["ratios"]
-        lines.append(
-            f"| {row['workload']} | {workers_label(row)} | {m['ours']:,.0f} | {m['upstream_mprs']:,.0f} "
-            f"| {m['dataloader']:,.0f} | {m.get('stateful_dataloader', nan):,.0f} "
-            f"| {m.get('in_process', nan):,.0f} | {r['upstream_mprs']:.1f}x | {r['dataloader']:.2f}x "
-            f"| {r.get('stateful_dataloader', nan):.2f}x | {r.get('in_process', nan):.2f}x "
-            f"| {gb_per_s(row)} |"
-        )
+    if options:
+        lines += ["", "With an option set (`read_ahead=True`; `tensor_pool=False`):", "", *THROUGHPUT_HEADER]
+        lines += map(throughput_line, options)
     lines += ["", "| latency (4 workers, prefetching) | p50 | p99 |", "|---|---:|---:|"]
     for key, value in results["latency"].items():
         lines.append(f"| {key} | {value['p50_ms']:.3f} ms | {value['p99_ms']:.3f} ms |")

@@ -55,6 +55,7 @@ def test_benchmark_smoke_run_writes_table_and_json(tmp_path: Path) -> None:
         and "| tiny_batched | elastic 2->3 | 100 |" in table
         and "| text_shards | elastic 2->3 | 100 |" in table
     )
+    assert table.index("| tiny | 2 |") < table.index("| tiny | 0, read_ahead |"), "the default rows first"
     memory = results["memory"]
     assert memory["state_dict_calls"] == 10 * memory["snapshots"] > 0
     assert len(memory["worker_rss_before_mb"]) == len(memory["worker_rss_after_mb"]) == 4
