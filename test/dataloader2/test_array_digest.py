@@ -1,6 +1,6 @@
 """value_digest: a tensor's or array's digest is a function of its dtype, shape and values: never
 of its strides, its conjugate or negative bits, or the padding bytes between and after its
-elements' values; and the digests earlier checkpoints recorded stay what they were."""
+elements' values; and the digests checkpoints of this format version recorded stay what they were."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from digest_items import ALIGNED, padded_arrays
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 
 from torchdata_snapshot.checkpoint.array_digest import SAMPLE_BYTES, value_digest
+from torchdata_snapshot.checkpoint.digest import CHAIN_START, chain
 
 #: Whether long doubles are x87's 80-bit extended precision here (10 bytes of 12 or 16: padded).
 _X87 = (numpy.finfo(numpy.longdouble).nmant, numpy.finfo(numpy.longdouble).nexp) == (63, 15)
@@ -39,23 +40,39 @@ def test_large_tensors_are_sampled_at_both_ends() -> None:
     assert value_digest(big) == value_digest(changed_middle), "the middle of a large tensor is not read"
 
 
-#: Digests that checkpoints written by earlier versions hold: a restore recomputes them, so they
-#: must never change (contiguous CPU tensors are read without a copy, the others through a copy:
-#: both must feed the same bytes).
+@pytest.mark.parametrize("digest", [value_digest, lambda t: chain(CHAIN_START, t)], ids=["value", "chain"])
+def test_every_byte_sampled_counts(digest: Callable[[Any], Any]) -> None:
+    """A 64 KB item: a change of any one byte of the first and last ``SAMPLE_BYTES`` (every 97th
+    one here) changes its digest, and so does swapping two of its elements there."""
+    item = torch.arange(8192, dtype=torch.int64)
+    flat = item.view(torch.uint8)
+    before = digest(item)
+    for offset in [*range(0, SAMPLE_BYTES, 97), *range(len(flat) - SAMPLE_BYTES, len(flat), 97)]:
+        changed = flat.clone()
+        changed[offset] ^= 0x10
+        assert digest(changed.view(torch.int64)) != before, offset
+    swapped = item.clone()
+    swapped[[3, 4]] = swapped[[4, 3]]
+    assert digest(swapped) != before
+
+
+#: Digests that checkpoints of this format version (8: values as CRC-32s) hold: a restore
+#: recomputes them, so they must not change within it (contiguous CPU tensors are read without a
+#: copy, the others through a copy: both must feed the same bytes).
 PINNED_TENSOR_DIGESTS = {
-    "1 MB float32": (lambda: torch.arange(262144, dtype=torch.float32), "41fb3b944e635a71"),
-    "small int64": (lambda: torch.arange(10), "d26208f4f3627d11"),
-    "bool": (lambda: torch.tensor([True, False, True]), "1d09530e852c70c3"),
-    "uint8, sampled": (lambda: torch.arange(20000, dtype=torch.int32).to(torch.uint8), "f308d8f56c499540"),
-    "2-d float64": (lambda: torch.arange(3000, dtype=torch.float64).reshape(30, 100), "4e549038bff2dbf3"),
-    "transposed": (lambda: torch.arange(10000.0).reshape(100, 100).t(), "c8f838c8ed8377bf"),
-    "float16": (lambda: torch.arange(5000, dtype=torch.float16), "3cddcdc975fb2868"),
-    "bfloat16 (no numpy dtype)": (lambda: torch.arange(5000, dtype=torch.bfloat16), "034ca937432dbc6d"),
-    "complex64": (lambda: torch.arange(3000, dtype=torch.float32).to(torch.complex64), "4a841717b2a8da7a"),
+    "1 MB float32": (lambda: torch.arange(262144, dtype=torch.float32), "e6ca2af032f13d0b"),
+    "small int64": (lambda: torch.arange(10), "a7fe72b49857d3ae"),
+    "bool": (lambda: torch.tensor([True, False, True]), "a3073077f008248a"),
+    "uint8, sampled": (lambda: torch.arange(20000, dtype=torch.int32).to(torch.uint8), "abb3a21a8afc2321"),
+    "2-d float64": (lambda: torch.arange(3000, dtype=torch.float64).reshape(30, 100), "decd2c3abf12478d"),
+    "transposed": (lambda: torch.arange(10000.0).reshape(100, 100).t(), "67ec6cad2c0e5599"),
+    "float16": (lambda: torch.arange(5000, dtype=torch.float16), "74771885e37a5035"),
+    "bfloat16 (no numpy dtype)": (lambda: torch.arange(5000, dtype=torch.bfloat16), "d8854f28d9a4c6ff"),
+    "complex64": (lambda: torch.arange(3000, dtype=torch.float32).to(torch.complex64), "e52e6171bc2d90d1"),
     "empty": (lambda: torch.zeros(0), "ac6702e0d56eb9d6"),
-    "0-d": (lambda: torch.tensor(3.5), "ce2d36ba83356ead"),
-    "requires grad": (lambda: torch.ones(5000, requires_grad=True), "3c63369fd7e78c62"),
-    "slice of a larger storage": (lambda: torch.arange(100000.0)[1000:60000], "12c8f1d10372c724"),
+    "0-d": (lambda: torch.tensor(3.5), "42a512113f500f4f"),
+    "requires grad": (lambda: torch.ones(5000, requires_grad=True), "7ef1b6850c8f3b7d"),
+    "slice of a larger storage": (lambda: torch.arange(100000.0)[1000:60000], "bb2241d049fa4729"),
 }
 
 
@@ -63,6 +80,20 @@ PINNED_TENSOR_DIGESTS = {
 def test_tensor_digests_stay_what_earlier_checkpoints_recorded(name: str) -> None:
     make, digest = PINNED_TENSOR_DIGESTS[name]
     assert value_digest(make()) == digest
+
+
+#: Running digests of one plain tensor item (``chain``, what checkpoints record), pinned likewise.
+PINNED_CHAINS = {
+    "64 KB int64": (lambda: torch.arange(8192), 0xFA3A219100510DAD),
+    "1 MB float32": (lambda: torch.arange(262144, dtype=torch.float32), 0xAA7B9332A8BC482A),
+    "empty": (lambda: torch.zeros(0), 0x4FD67456252B4AE9),
+}
+
+
+@pytest.mark.parametrize("name", list(PINNED_CHAINS))
+def test_running_digests_of_tensors_stay_what_checkpoints_recorded(name: str) -> None:
+    make, digest = PINNED_CHAINS[name]
+    assert chain(CHAIN_START, make()) == digest
 
 
 def _zero_padded(a: numpy.ndarray, padding: slice) -> numpy.ndarray:
@@ -79,20 +110,20 @@ def _aligned_records(n: int) -> numpy.ndarray:
 #: Digests of arrays that earlier checkpoints hold, as for tensors: arrays of plain dtypes, and
 #: C-contiguous arrays whose padding was zero (the only ones with padding that restored then).
 PINNED_ARRAY_DIGESTS = {
-    "float64, sampled": (lambda: numpy.arange(3000, dtype=numpy.float64), "39ba2141ff032dc1"),
+    "float64, sampled": (lambda: numpy.arange(3000, dtype=numpy.float64), "2eefc2f9f8489c8b"),
     "Fortran order": (
         lambda: numpy.asfortranarray(numpy.arange(3000, dtype=numpy.int32).reshape(30, 100)),
-        "8ba63a21dad7610f",
+        "68a0c83d2fa257e5",
     ),
-    "reversed": (lambda: numpy.arange(3000.0)[::-1], "3e8a050ad7cc6fb8"),
-    "0-d": (lambda: numpy.array(2.5), "136e3c43be69c61f"),
-    "unicode": (lambda: numpy.array(["ab", "c"]), "a4590eaf916a3ea2"),
-    "aligned structured, zero padding": (lambda: _aligned_records(3000), "7be532af768ccda0"),
+    "reversed": (lambda: numpy.arange(3000.0)[::-1], "403b2cd746584fcf"),
+    "0-d": (lambda: numpy.array(2.5), "c9abe252dd66be24"),
+    "unicode": (lambda: numpy.array(["ab", "c"]), "2719a5be68ee99de"),
+    "aligned structured, zero padding": (lambda: _aligned_records(3000), "1e64c790b58a5918"),
 }
 if _X87 and _LONG == 16:
     PINNED_ARRAY_DIGESTS["longdouble, zero padding"] = (
         lambda: _zero_padded(numpy.arange(3000, dtype=numpy.longdouble) / 7, slice(10, 16)),
-        "f6992a0b0d032a5d",
+        "55f636cc8535c13d",
     )
 
 
@@ -311,6 +342,10 @@ class TestDigestOfValues(unittest.TestCase):
         digest = value_digest(item)
         self.assertEqual(digest, value_digest(plain), "equal values digest equally, whatever the layout")
         self.assertNotEqual(digest, value_digest(changed), "another value changes the digest")
+        # The running digest of a stream (a plain tensor: array_digest.tensor_hash, no hash object).
+        running = chain(CHAIN_START, item)
+        self.assertEqual(running, chain(CHAIN_START, plain), "equal values chain equally")
+        self.assertNotEqual(running, chain(CHAIN_START, changed), "another value changes the chain")
 
 
 #: ``(dtype, byte offsets of an element's padding)``: structured dtypes; long doubles where x87's

@@ -1,7 +1,9 @@
 """How a tensor or an array counts in a digest: by its values, never its memory as such.
 
 Tensors and arrays contribute a tag (their kind, dtype and shape) and their *values*: the bytes of
-their elements in C order, at most ``SAMPLE_BYTES`` from each end. So strides do not count (0 from
+their elements in C order, at most ``SAMPLE_BYTES`` from each end, as two CRC-32s (of the first and
+the second half of what is read: its two ends, or its halves when it is read whole), a tenth of
+what hashing them costs. So strides do not count (0 from
 ``expand`` or ``broadcast_to``, negative, Fortran order, channels_last, a 1-element tensor's
 arbitrary one), nor do a tensor's conjugate and negative bits (applied), its device or its
 subclass (``nn.Parameter``). A quantized tensor contributes its integers and quantization
@@ -27,6 +29,7 @@ import hashlib
 import math
 import struct
 import sys
+import zlib
 from typing import Any, Callable, List, Optional, Tuple
 
 __all__ = [
@@ -36,6 +39,7 @@ __all__ = [
     "is_ndarray",
     "is_numpy_scalar",
     "is_tensor",
+    "tensor_hash",
     "value_digest",
 ]
 
@@ -85,11 +89,30 @@ def is_ndarray(obj: Any) -> bool:
 
 
 def _sample(h: Any, data: Any) -> None:
-    if len(data) <= 2 * SAMPLE_BYTES:
-        h.update(data)
-    else:
-        h.update(data[:SAMPLE_BYTES])
-        h.update(data[-SAMPLE_BYTES:])
+    """Feed ``h`` what the values ``data`` (bytes in C order) contribute (see :func:`_sampled`)."""
+    for code in _sampled(data):
+        h.update(code)
+
+
+def _sampled(data: Any) -> List[Any]:
+    """What the values ``data`` (their bytes in C order) contribute, as a list: the CRC-32s of its
+    first and last ``SAMPLE_BYTES`` (its halves, when it has no more than twice that). A CRC-32
+    changes with any change of up to 32 consecutive bits and misses others with a chance of
+    2**-32; blake2b, which fed them before, cost ten times as much (see the docs' performance
+    page)."""
+    n = len(data)
+    if n == 0:
+        return []
+    if n <= 2 * SAMPLE_BYTES:
+        return [_crcs(data[: n // 2], data[n // 2 :])]
+    return [_crcs(data[:SAMPLE_BYTES], data[-SAMPLE_BYTES:])]
+
+
+def _crcs(head: Any, tail: Any) -> bytes:
+    return _TWO_CRCS(zlib.crc32(head), zlib.crc32(tail))
+
+
+_TWO_CRCS = struct.Struct("<II").pack
 
 
 def _ends(count: int, itemsize: int) -> Optional[int]:
@@ -113,6 +136,35 @@ def _unreadable(obj: Any) -> bytes:
 # --- tensors ----------------------------------------------------------------------------------
 
 
+def tensor_hash(t: Any) -> Optional[int]:
+    """``int(item_digest(t), 16)`` for a plain tensor, the common item (exactly ``torch.Tensor``,
+    contiguous, on the CPU, without autograd, conjugate or negative bits, of a dtype numpy has),
+    at the cost of hashing its tag and the CRC-32s of its values once (see :func:`_sampled`);
+    ``None`` for any other tensor.
+
+    It calls no tensor method but ``numpy()`` (which refuses conjugate and negative bits, autograd,
+    other layouts and dtypes numpy lacks): each method releases the GIL, and in a worker the
+    thread that sends items takes it then, for as long as it runs."""
+    # (Inlined: it runs for every item of a stream of tensors. torch is imported: t is a tensor.)
+    if not (type(t) is sys.modules["torch"].Tensor and t.is_cpu and not (t.requires_grad or t.is_nested)):
+        return None
+    try:
+        array = t.numpy()
+    except (TypeError, RuntimeError):  # see above: item_digest reads those
+        return None
+    if not array.flags.c_contiguous:
+        return None
+    data = _tensor_tag(t.dtype, t.shape)
+    if array.size:  # what _sampled gives
+        values = memoryview(array).cast("B")
+        n = len(values)
+        if n <= 2 * SAMPLE_BYTES:
+            data += _TWO_CRCS(zlib.crc32(values[: n // 2]), zlib.crc32(values[n // 2 :]))
+        else:
+            data += _TWO_CRCS(zlib.crc32(values[:SAMPLE_BYTES]), zlib.crc32(values[-SAMPLE_BYTES:]))
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
 def feed_tensor(h: Any, t: Any) -> None:
     """Feed ``t``'s tag (kind, dtype, shape) and values to the hash ``h``."""
     import torch
@@ -120,7 +172,7 @@ def feed_tensor(h: Any, t: Any) -> None:
     if (
         type(t) is torch.Tensor
         and t.layout == torch.strided
-        and t.device.type == "cpu"
+        and t.is_cpu
         and not (t.is_nested or t.is_quantized or t.requires_grad or t.is_conj() or t.is_neg())
         and t.is_contiguous()
     ):
@@ -129,7 +181,7 @@ def feed_tensor(h: Any, t: Any) -> None:
         except TypeError:  # a dtype numpy lacks (bfloat16, float8, complex32)
             pass
         else:
-            h.update(b"t" + str(t.dtype).encode() + str(tuple(t.shape)).encode())
+            h.update(_tensor_tag(t.dtype, t.shape))
             if array.size:
                 _sample(h, memoryview(array).cast("B"))
             return
@@ -139,6 +191,12 @@ def feed_tensor(h: Any, t: Any) -> None:
         chunks = [b"t" + _unreadable(t)]
     for chunk in chunks:
         h.update(chunk)
+
+
+@functools.lru_cache(maxsize=1024)
+def _tensor_tag(dtype: Any, shape: Any) -> bytes:
+    """A tensor's tag: its kind, dtype and shape (the same few, item after item: kept)."""
+    return b"t" + str(dtype).encode() + str(tuple(shape)).encode()
 
 
 def _tensor_chunks(t: Any) -> List[Any]:
@@ -236,13 +294,6 @@ def _strided_values(t: Any) -> List[Any]:
     return _sampled(data)
 
 
-def _sampled(data: Any) -> List[Any]:
-    """What ``_sample`` feeds of ``data``, as a list."""
-    if len(data) <= 2 * SAMPLE_BYTES:
-        return [data]
-    return [data[:SAMPLE_BYTES], data[-SAMPLE_BYTES:]]
-
-
 def _tensor_bytes(t: Any, ranges: List[Tuple[int, int]]) -> Any:
     """The elements of ``t`` in each ``(start, stop)`` range (in C order), one range after the
     other, copied into a new tensor (on the CPU), as a numpy array of its bytes."""
@@ -322,9 +373,9 @@ def _array_chunks(a: Any) -> List[Any]:
         return _sampled(a.reshape(-1).view(numpy.uint8))
     k = _ends(count, itemsize)
     if k is None:
-        return [_value_bytes(a.flatten(), mask)]
+        return _sampled(_value_bytes(a.flatten(), mask))
     head, tail = _value_bytes(a.flat[:k], mask), _value_bytes(a.flat[count - k :], mask)
-    return [head[:SAMPLE_BYTES], tail[-SAMPLE_BYTES:]]
+    return [_crcs(head[:SAMPLE_BYTES], tail[-SAMPLE_BYTES:])]
 
 
 def _value_bytes(elements: Any, mask: Any) -> Any:

@@ -5,7 +5,8 @@ worker's, or the in-process pipeline's) keeps a *running digest*: ``chain(value,
 each item it produces into a 64-bit value, so the value after item ``p`` covers items ``1..p``.
 The checkpoint records the value at the user's position in each stream; a restore recomputes it
 on the items it replays and refuses to continue if the two differ (see ``ReplayDivergenceError``).
-Folding an item costs about a tenth of a microsecond for ints and a few for tensors.
+Folding an item costs about a tenth of a microsecond for ints and a few for tensors (7-11 us for
+a 64 KB one: two CRC-32s of 4 KB, see :mod:`torchdata_snapshot.checkpoint.array_digest`).
 
 ``chain`` takes exact built-in scalars, strings and sequences of them directly; everything else
 goes through ``item_digest``.
@@ -42,6 +43,7 @@ from torchdata_snapshot.checkpoint.array_digest import (
     is_ndarray,
     is_numpy_scalar,
     is_tensor,
+    tensor_hash,
 )
 
 __all__ = ["CHAIN_START", "SAMPLE_BYTES", "chain", "chain_hex", "item_digest", "parse_chain_hex"]
@@ -244,6 +246,10 @@ def _item_hash(item: Any, depth: int = 0) -> int:
         return _TAG_NONE
     if kind is bool:
         return _TAG_TRUE if item else _TAG_FALSE
+    if is_tensor(item):  # a plain tensor without a hash object (see array_digest.tensor_hash)
+        value = tensor_hash(item)
+        if value is not None:
+            return value
     return int(item_digest(item), 16)
 
 

@@ -83,7 +83,7 @@ __all__ = [
 ]
 
 FORMAT = "torchdata_snapshot.MultiProcessingReadingService"
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 
 #: Where the run stood: no epoch started yet, in an epoch, or the epoch's end reached the user.
 Status = Literal["idle", "in_epoch", "finished"]
