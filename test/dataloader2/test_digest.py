@@ -14,13 +14,14 @@ import pathlib
 import subprocess
 import sys
 import threading
+import warnings
 from collections import namedtuple
 from typing import Any, Dict, List
 
 import numpy
 import pytest
 import torch
-from digest_items import Node, padded_arrays
+from digest_items import CASES, Node, assert_every_sampled_byte_counts, padded_arrays
 from torch.testing._internal.common_utils import TestCase
 
 from torchdata_snapshot._errors import ReplayDivergenceError
@@ -208,3 +209,36 @@ class TestItemsThatHoldThemselves(TestCase):
         for _ in range(200):
             deep = [deep]
         self.assertEqual(chain(CHAIN_START, deep), chain(CHAIN_START, copy.deepcopy(deep)))
+
+
+# --- tensor items in the running digest ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_tensor_items_running_digest_follows_its_values(name: str) -> None:
+    """Whatever its layout (a plain tensor item takes the fast path, the rest the general one)."""
+    with warnings.catch_warnings():  # prototype and beta layouts, experimental dtypes
+        warnings.simplefilter("ignore")
+        item, plain, changed = CASES[name]()
+    running = chain(CHAIN_START, item)
+    assert running == chain(CHAIN_START, plain), "equal values chain equally"
+    assert running != chain(CHAIN_START, changed), "another value changes the chain"
+
+
+def test_every_byte_sampled_counts_in_the_running_digest() -> None:
+    assert_every_sampled_byte_counts(lambda t: chain(CHAIN_START, t))
+
+
+#: Running digests of one plain tensor item (``chain``, what checkpoints record), pinned as the value
+#: digests are (test_array_digest.py): a restore recomputes them.
+PINNED_CHAINS = {
+    "64 KB int64": (lambda: torch.arange(8192), 0xFA3A219100510DAD),
+    "1 MB float32": (lambda: torch.arange(262144, dtype=torch.float32), 0xAA7B9332A8BC482A),
+    "empty": (lambda: torch.zeros(0), 0x4FD67456252B4AE9),
+}
+
+
+@pytest.mark.parametrize("name", list(PINNED_CHAINS))
+def test_running_digests_of_tensors_stay_what_checkpoints_recorded(name: str) -> None:
+    make, digest = PINNED_CHAINS[name]
+    assert chain(CHAIN_START, make()) == digest
