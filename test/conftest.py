@@ -60,7 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["TORCHDATA_SNAPSHOT_TEST_TENSOR_POOL"] = "1" if config.getoption("--tensor-pool") else "0"
     context = config.getoption("--mp-context")
     if context is not None:
-        # An environment variable, read by test/dataloader2/pipelines.py when it is imported
+        # An environment variable, read by test/dataloader2/helpers/pipelines.py when it is imported
         # (after this hook), so that fresh processes started by tests see it too.
         os.environ["TORCHDATA_SNAPSHOT_TEST_CONTEXT"] = context
     if (context or "fork") == "forkserver":

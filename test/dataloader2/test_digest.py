@@ -111,7 +111,7 @@ def test_different_items_have_different_digests() -> None:
 
 _CHILD = """
 import sys, pickle
-sys.path.insert(0, {path!r})
+sys.path[:0] = {path!r}
 from test_digest import samples
 from torchdata_snapshot.checkpoint.digest import item_digest
 print(",".join(item_digest(x) for x in samples()))
@@ -122,7 +122,7 @@ print(",".join(item_digest(x) for x in samples()))
 def test_digests_agree_across_processes_with_other_hash_salts(hash_seed: str) -> None:
     # Sets of strings iterate in an order that depends on the per-process hash salt.
     env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONWARNINGS="ignore")
-    code = _CHILD.format(path=os.path.dirname(__file__))
+    code = _CHILD.format(path=sys.path)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().split(",") == [item_digest(x) for x in samples()]

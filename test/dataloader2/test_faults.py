@@ -155,7 +155,7 @@ def test_sigterm_to_every_process_leaves_the_workers_running(make_dl: Any, shape
 _ORPHAN_SCRIPT = """
 import os, signal, sys, warnings
 warnings.filterwarnings("ignore")
-sys.path.insert(0, {path!r})
+sys.path[:0] = {path!r}
 from pipelines import pipeline, rs
 from torchdata.dataloader2 import DataLoader2
 dl = DataLoader2(pipeline("dispatch", 10000), reading_service=rs(2, multiprocessing_context={context!r}))
@@ -170,7 +170,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 @pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
 def test_a_killed_training_process_leaves_no_orphans(context: str) -> None:
     # With forkserver the workers' parent is the fork server, which outlives the training process.
-    script = _ORPHAN_SCRIPT.format(path=str(Path(__file__).parent), context=context)
+    script = _ORPHAN_SCRIPT.format(path=sys.path, context=context)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == -signal.SIGKILL, done.stderr
     pids = [int(p) for p in done.stdout.split()]

@@ -23,6 +23,8 @@ REPO_DIR = HERE.parents[1]
 PACKAGE = "torchdata_snapshot"
 PACKAGE_DIR = REPO_DIR / PACKAGE
 TESTS_DIR = REPO_DIR / "test" / "dataloader2"
+#: The tests' helpers (modules of the tests that are not tests; the conftest stays in TESTS_DIR).
+HELPERS_DIR = TESTS_DIR / "helpers"
 MANIFEST = HERE / "series.toml"
 
 #: ``test_worker.py`` (the whole file) or ``test_worker.py:2/3`` (its second third).
@@ -188,6 +190,12 @@ def _run_time_nodes(tree: ast.AST) -> Iterator[ast.AST]:
         yield from _run_time_nodes(node)
 
 
+def test_source(name: str) -> Path:
+    """Where a file of the tests is: a helper in HELPERS_DIR, a test (or the conftest) in TESTS_DIR."""
+    helper = HELPERS_DIR / name
+    return helper if helper.is_file() else TESTS_DIR / name
+
+
 def helper_files(file: str) -> Set[str]:
     """The test helpers (modules of the test folder that are not tests) ``file`` imports: through
     any import of the test itself, through the module-level imports of the helpers."""
@@ -195,12 +203,12 @@ def helper_files(file: str) -> Set[str]:
     todo = [file]
     while todo:
         name = todo.pop()
-        tree = ast.parse((TESTS_DIR / name).read_text())
+        tree = ast.parse(test_source(name).read_text())
         for node in ast.walk(tree) if name == file else tree.body:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
                 for n in names:
-                    if n and (TESTS_DIR / f"{n}.py").is_file() and f"{n}.py" not in found:
+                    if n and test_source(f"{n}.py").is_file() and f"{n}.py" not in found:
                         found.add(f"{n}.py")
                         todo.append(f"{n}.py")
     return found
@@ -210,7 +218,7 @@ def test_imports(file: str) -> Set[str]:
     """The package's modules a test file needs, itself or through the test helpers it imports."""
     needed = _package_imports(TESTS_DIR / file)
     for helper in helper_files(file):
-        needed |= _package_imports(TESTS_DIR / helper, top_level_only=True)
+        needed |= _package_imports(test_source(helper), top_level_only=True)
     return needed
 
 

@@ -21,7 +21,7 @@ from errors import (
     UnsupportedVersionError,
     UpstreamLayoutError,
 )
-from manifest import REPO_DIR, TESTS_DIR, Commit, Manifest, module_path, public_name_modules
+from manifest import REPO_DIR, TESTS_DIR, Commit, Manifest, module_path, public_name_modules, test_source
 from rewrite import (
     _import_statement,
     _insert_imports,
@@ -148,7 +148,7 @@ class SeriesWriter:
         if file == "conftest.py":
             text = _conftest(self.manifest)
         else:
-            text = rewrite_test((TESTS_DIR / file).read_text(), self.manifest)
+            text = rewrite_test(test_source(file).read_text(), self.manifest)
         return self._write(
             f"{self.manifest.test_destination}/{self.manifest.test_name(file)}", LICENSE + text
         )
