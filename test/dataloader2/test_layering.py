@@ -131,3 +131,21 @@ def test_the_optional_features_import_no_other_one() -> None:
 
 def test_the_optional_features_are_one_layer() -> None:
     assert set(dict(LAYERS)["the optional features"]) == set(OPTIONAL)
+
+
+#: What one reader takes in at once: a module of at most this many lines, a class of at most that.
+MAX_MODULE_LINES, MAX_CLASS_LINES = 500, 300
+
+
+def test_modules_and_classes_stay_small_enough_to_read_at_once() -> None:
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = path.read_text()
+        if source.count("\n") > MAX_MODULE_LINES:
+            too_long.append(f"{module_name(path)}: {source.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES:
+                too_long.append(f"{module_name(path)}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not too_long, (
+        f"split these (at most {MAX_MODULE_LINES} lines a module, {MAX_CLASS_LINES} a class): {too_long}"
+    )
