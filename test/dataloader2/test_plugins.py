@@ -65,7 +65,7 @@ resumed = DataLoader2.from_state(state, MultiProcessingReadingService(num_worker
 print("resume", head + list(resumed) == reference)
 resumed.shutdown()
 print("elastic names", hasattr(torchdata_snapshot, "register_elastic"))
-from torchdata_snapshot.core.reading_service import uses_tensor_pool
+from torchdata_snapshot.core.plugins import uses_tensor_pool
 print("pool by default", uses_tensor_pool(None), uses_tensor_pool(False))
 for option, value in {options}:
     try:

@@ -43,6 +43,7 @@ __all__ = [
     "installed",
     "own_process_start",
     "require",
+    "uses_tensor_pool",
     "starting_own_process",
 ]
 
@@ -149,6 +150,25 @@ def require(feature: str, option: str) -> Any:
         module = FEATURES[feature][0].rsplit(".", 1)[0]
         raise ValueError(f"{option} needs {module}, which this installation of torchdata_snapshot lacks")
     return found
+
+
+def uses_tensor_pool(option: Optional[bool]) -> bool:
+    """Whether workers get a tensor pool: ``option`` ``None`` (the default) where the feature is
+    installed and the platform has it, ``True`` always (else ``ValueError`` naming what is
+    missing: the folder, or the platform), ``False`` never."""
+    if option is False:
+        return False
+    feature = installed().tensor_pool
+    if feature is None:
+        if option:
+            require("tensor_pool", "tensor_pool=True")  # raises, naming the folder
+        return False
+    reason = feature.unavailable()
+    if reason is not None:
+        if option:
+            raise ValueError(f"tensor_pool=True: {reason}")
+        return False
+    return True
 
 
 # --- what the core tells the features --------------------------------------------------------------

@@ -49,7 +49,7 @@ from torchdata_snapshot.core.options import (
     check_start_method,
     check_type,
 )
-from torchdata_snapshot.core.plugins import installed, require
+from torchdata_snapshot.core.plugins import require, uses_tensor_pool
 from torchdata_snapshot.core.session import Session, checkpoint_before_start
 from torchdata_snapshot.graph_state.moved_roots import moved_roots, resumed_where_moved
 
@@ -64,25 +64,6 @@ class _Plan(NamedTuple):
     sharding: Tuple[int, int]
     pending: Optional[PendingRestore]
     moved: bool  # the data directory moved: ``state`` is not the one taken
-
-
-def uses_tensor_pool(option: Optional[bool]) -> bool:
-    """Whether workers get a tensor pool: ``option`` ``None`` (the default) where the feature is
-    installed and the platform has it, ``True`` always (else ``ValueError`` naming what is
-    missing: the folder, or the platform), ``False`` never."""
-    if option is False:
-        return False
-    feature = installed().tensor_pool
-    if feature is None:
-        if option:
-            require("tensor_pool", "tensor_pool=True")  # raises, naming the folder
-        return False
-    reason = feature.unavailable()
-    if reason is not None:
-        if option:
-            raise ValueError(f"tensor_pool=True: {reason}")
-        return False
-    return True
 
 
 class MultiProcessingReadingService(
