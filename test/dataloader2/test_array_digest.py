@@ -5,13 +5,12 @@ elements' values; and the digests checkpoints of this format version recorded st
 from __future__ import annotations
 
 import unittest
-import warnings
 from typing import Any, Dict, List, Tuple
 
 import numpy
 import pytest
 import torch
-from digest_items import ALIGNED, CASES, assert_every_sampled_byte_counts
+from digest_items import ALIGNED, assert_every_sampled_byte_counts
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 
 from torchdata_snapshot.checkpoint.array_digest import SAMPLE_BYTES, value_digest
@@ -106,21 +105,6 @@ if _X87 and _LONG == 16:
 def test_array_digests_stay_what_earlier_checkpoints_recorded(name: str) -> None:
     make, digest = PINNED_ARRAY_DIGESTS[name]
     assert value_digest(make()) == digest
-
-
-# --- any layout, any dtype: the values count, not the memory ------------------------------------
-
-
-@instantiate_parametrized_tests
-class TestDigestOfValues(unittest.TestCase):
-    @parametrize("name", list(CASES))
-    def test_a_layout_digests_as_a_plain_copy_of_its_values(self, name: str) -> None:
-        with warnings.catch_warnings():  # prototype and beta layouts, experimental dtypes
-            warnings.simplefilter("ignore")
-            item, plain, changed = CASES[name]()
-        digest = value_digest(item)
-        self.assertEqual(digest, value_digest(plain), "equal values digest equally, whatever the layout")
-        self.assertNotEqual(digest, value_digest(changed), "another value changes the digest")
 
 
 #: ``(dtype, byte offsets of an element's padding)``: structured dtypes; long doubles where x87's

@@ -14,14 +14,13 @@ import pathlib
 import subprocess
 import sys
 import threading
-import warnings
 from collections import namedtuple
 from typing import Any, Dict, List
 
 import numpy
 import pytest
 import torch
-from digest_items import CASES, Node, assert_every_sampled_byte_counts, padded_arrays
+from digest_items import Node, assert_every_sampled_byte_counts, padded_arrays
 from torch.testing._internal.common_utils import TestCase
 
 from torchdata_snapshot._errors import ReplayDivergenceError
@@ -211,18 +210,7 @@ class TestItemsThatHoldThemselves(TestCase):
         self.assertEqual(chain(CHAIN_START, deep), chain(CHAIN_START, copy.deepcopy(deep)))
 
 
-# --- tensor items in the running digest ------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_a_tensor_items_running_digest_follows_its_values(name: str) -> None:
-    """Whatever its layout (a plain tensor item takes the fast path, the rest the general one)."""
-    with warnings.catch_warnings():  # prototype and beta layouts, experimental dtypes
-        warnings.simplefilter("ignore")
-        item, plain, changed = CASES[name]()
-    running = chain(CHAIN_START, item)
-    assert running == chain(CHAIN_START, plain), "equal values chain equally"
-    assert running != chain(CHAIN_START, changed), "another value changes the chain"
+# --- tensors in the running digest ------------------------------------------------------------
 
 
 def test_every_byte_sampled_counts_in_the_running_digest() -> None:
