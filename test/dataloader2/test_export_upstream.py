@@ -358,3 +358,82 @@ def test_test_files_are_cut_into_cumulative_slices() -> None:
     assert all(s.startswith("import os") for s in slices), "every slice has the header"
     counts = [s.count("def test_") for s in slices]
     assert counts == sorted(counts) and counts[0] >= 1 and counts[-1] == 6
+
+
+UPSTREAM_FILE = '''import os
+
+from torchdata.dataloader2 import communication
+
+__all__ = ["Loop", "Server"]
+
+
+class Server:
+    """Upstream's server."""
+
+    name = "server"
+
+    def pause(self):
+        self.paused = True
+        return None
+
+
+def Loop(protocol):
+    while True:
+        request = protocol.get()
+        if isinstance(request, communication.messages.PauseRequest):
+            protocol.pause()
+        elif isinstance(request, communication.messages.ResumeRequest):
+            protocol.resume()
+        else:
+            raise Exception("Unrecognized type of request received", request)
+'''
+
+FRAGMENT = '''"""Our part."""
+
+import os
+from typing import List
+
+TARGET = "torchdata/dataloader2/communication/iter.py"
+BRANCHES = (("Loop", "GetStateRequest", "protocol.answer()"),)
+AT_END = (("Server.pause", "self.count += 1"),)
+
+
+class Server:
+    count: int = 0
+
+    def answer(self) -> List[int]:
+        return [self.count]
+
+
+def Helper():
+    return os.getpid()
+'''
+
+
+def test_a_fragment_goes_to_the_named_places_of_an_upstream_file() -> None:
+    splice = tool("splice")
+    assert splice.target_of(FRAGMENT) == "torchdata/dataloader2/communication/iter.py"
+    text = splice.splice(UPSTREAM_FILE, FRAGMENT)
+    compile(text, "iter.py", "exec")
+    lines = [line.rstrip() for line in text.splitlines()]
+    assert lines.count("import os") == 1 and "from typing import List" in lines, "only missing imports"
+    assert "TARGET" not in text and "BRANCHES" not in text, "the fragment's settings stay out"
+    # Members join upstream's class: attributes after its docstring, methods at its end.
+    assert lines.index("    count: int = 0") == lines.index('    """Upstream\'s server."""') + 1
+    assert lines.index("    def answer(self) -> List[int]:") < lines.index("def Loop(protocol):")
+    # The statement ends the method, before its return.
+    assert lines.index("        self.count += 1") == lines.index("        return None") - 1
+    # The branch goes before the loop's final else, spelled as the loop's other branches.
+    branch = lines.index("        elif isinstance(request, communication.messages.GetStateRequest):")
+    assert lines[branch + 1] == "            protocol.answer()" and lines[branch + 2] == "        else:"
+    # Other definitions follow upstream's code under the fragment's docstring; public ones join __all__.
+    assert lines.index("# Our part.") < lines.index("def Helper():")
+    assert '    "Helper",' in lines
+
+
+def test_a_fragment_whose_place_is_missing_is_refused() -> None:
+    splice, errors = tool("splice"), tool("errors")
+    for missing in ("Loop", "Server.pause"):
+        upstream = UPSTREAM_FILE.replace(f"def {missing.split('.')[-1]}(", "def renamed(")
+        with pytest.raises(errors.UpstreamLayoutError, match=missing):
+            splice.splice(upstream, FRAGMENT)
