@@ -98,6 +98,16 @@ def test_get_next_request_is_a_credit_for_one_epoch() -> None:
     assert m.GetNextRequest(epoch=5, count=10) != m.GetNextRequest(epoch=6, count=10)
 
 
+def test_get_state_response_takes_the_queue_based_loops_arguments() -> None:
+    # In torchdata's tree the snapshot RFC's pull request comes first: the queue-based loop
+    # answers GetStateRequest with GetStateResponse(snapshot, dispatcher), and still does once
+    # ours replaces the class.
+    snapshot, dispatcher = object(), (object(),)
+    response = m.GetStateResponse(snapshot, dispatcher)
+    assert response.snapshot is snapshot and response.dispatcher is dispatcher
+    assert m.GetStateResponse(snapshot).dispatcher == ()
+
+
 #: The messages upstream's queue-based loop has too, with its positional arguments.
 UPSTREAMS_ARGUMENTS = {
     "ResetEpochRequest": ("seed_generator", "iter_reset_fn"),

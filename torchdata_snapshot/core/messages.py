@@ -399,7 +399,12 @@ class GetStateRequest(Request):
 
 @dataclass(frozen=True)
 class GetStateResponse(Response):
+    """A process's :class:`WorkerSnapshot`. ``dispatcher`` holds the snapshots of the dispatching
+    process's loops that a worker asked itself before answering (the queue-based loop does; the
+    streaming reading service asks the dispatching process directly and leaves it empty)."""
+
     snapshot: Any
+    dispatcher: Tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
