@@ -160,11 +160,60 @@ def test_the_series_has_the_shape_a_reviewer_asked_for(series: Path) -> None:
     check.check_shape(series, TAG, "series", tool("manifest").load().max_changed_lines, report)
     assert report.problems == []
     subjects = git(series, "log", "--reverse", "--format=%s", f"{TAG}..series").splitlines()
-    assert subjects[0].startswith("[DataLoader2] Add GetStateRequest/GetStateResponse")
+    assert subjects[0].startswith("[DataLoader2] Answer GetStateRequest in the worker loop")
     assert subjects[-1].startswith("[Docs]")
     changed = git(series, "diff", "--name-only", f"{TAG}..series").splitlines()
     assert "test/dataloader2/test_mprs.py" not in changed, "upstream's own tests are left alone"
     assert "hypothesis" in (series / "test" / "requirements.txt").read_text().split()
+
+
+@series_test
+def test_the_series_is_a_stack_of_pull_requests_the_rfc_first(series: Path) -> None:
+    manifest = tool("manifest").load()
+    stack = tool("series").stack_branches("series", len(manifest.pull_requests))
+    check = tool("check")
+    report = check.Report()
+    check.check_stack(series, TAG, stack, manifest.max_pull_request_lines, report)
+    assert [p for p in report.problems if "pull request 1 " in p] == [], "the RFC fits in one review"
+    assert git(series, "rev-parse", stack[-1]) == git(series, "rev-parse", "series")
+    for below, above in zip([TAG, *stack], stack):
+        assert (
+            subprocess.run(["git", "merge-base", "--is-ancestor", below, above], cwd=series).returncode == 0
+        )
+    rfc = git(series, "diff", "--name-only", f"{TAG}..{stack[0]}").splitlines()
+    assert "torchdata/dataloader2/communication/messages.py" in rfc
+    assert "test/dataloader2/test_mprs_snapshot.py" in rfc
+    git(series, "checkout", "-q", stack[0])
+    try:
+        messages = (series / "torchdata/dataloader2/communication/messages.py").read_text()
+        assert "class GetStateRequest(Request)" in messages and "class GetStateResponse(Response)" in messages
+        iter_py = (series / "torchdata/dataloader2/communication/iter.py").read_text()
+        assert "elif isinstance(request, communication.messages.GetStateRequest):" in iter_py
+        assert not (series / "torchdata/dataloader2/communication/channel.py").exists(), "upstream's own loop"
+    finally:
+        git(series, "checkout", "-q", "series")
+
+
+@series_test
+def test_at_the_rfcs_tip_two_workers_answer_snapshot_mid_epoch(series: Path) -> None:
+    git(series, "checkout", "-q", "series-1")
+    code = (
+        "import torchdata.dataloader2 as d\n"
+        "from torchdata.datapipes.iter import IterableWrapper\n"
+        "rs = d.MultiProcessingReadingService(num_workers=2, main_prefetch_cnt=0)\n"
+        "dl = d.DataLoader2(IterableWrapper(range(30)).sharding_filter(), reading_service=rs)\n"
+        "it = iter(dl); head = [next(it) for _ in range(11)]\n"
+        "snapshots = dl.reading_service.snapshot()\n"
+        "assert [s.worker_id for s in snapshots] == [0, 1], snapshots\n"
+        "assert sum(s.handed_on for s in snapshots) == 11, snapshots\n"
+        "assert sorted(head + list(it)) == list(range(30)), 'every item once'\n"
+        "dl.shutdown()\n"
+    )
+    try:
+        done = run_in(series, code)
+    finally:
+        git(series, "checkout", "-q", "series")
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @series_test
@@ -234,11 +283,13 @@ def test_the_exported_tree_resumes_mid_epoch(series: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-#: What runs where: upstream's and the series' whole test/dataloader2 at the first and middle
-#: commits; at the tip, the reading service's own tests and upstream's semantics (the rest is
-#: this repository's suite, which CI ran just before).
+#: What runs where: upstream's and the series' whole test/dataloader2 at the first commit, the
+#: RFC's tip (the first pull request) and the middle commit; at the tip, the reading service's
+#: own tests and upstream's semantics (the rest is this repository's suite, which CI ran just
+#: before).
 AT_COMMIT = {
     "first": ["test/dataloader2"],
+    "rfc": ["test/dataloader2"],
     "middle": ["test/dataloader2"],
     "tip": [
         "test/dataloader2/test_mprs.py",
@@ -253,7 +304,8 @@ AT_COMMIT = {
 @pytest.mark.parametrize("where", sorted(AT_COMMIT))
 def test_the_tests_pass_in_the_exported_tree(series: Path, where: str) -> None:
     commits = git(series, "rev-list", "--reverse", f"{TAG}..series").split()
-    sha = {"first": commits[0], "middle": commits[len(commits) // 2], "tip": commits[-1]}[where]
+    rfc = git(series, "rev-parse", "series-1")
+    sha = {"first": commits[0], "rfc": rfc, "middle": commits[len(commits) // 2], "tip": commits[-1]}[where]
     git(series, "checkout", "-q", sha)
     try:
         command = [
@@ -276,12 +328,19 @@ def test_the_tests_pass_in_the_exported_tree(series: Path, where: str) -> None:
 
 
 @series_test
-def test_the_pull_request_description_lists_the_commits(series: Path) -> None:
-    text = (series.parent / "PR.md").read_text()
-    count = len(git(series, "rev-list", f"{TAG}..series").split())
-    assert f"{count} commits" in text and "release/0.9" in text and "#1039" in text
-    assert "{{" not in text, "every placeholder is filled"
-    assert "torchdata_snapshot" not in text
+def test_each_pull_request_has_a_description_listing_its_commits(series: Path) -> None:
+    manifest = tool("manifest").load()
+    stack = tool("series").stack_branches("series", len(manifest.pull_requests))
+    below = TAG
+    for k, name in enumerate(stack, 1):
+        text = (series.parent / f"PR-{k}.md").read_text()
+        count = len(git(series, "rev-list", f"{below}..{name}").split())
+        assert f"Branch `{name}` on `{below}`" in text and f"{count} commits" in text
+        assert "release/0.9" in text and "{{" not in text, "every placeholder is filled"
+        assert "torchdata_snapshot" not in text
+        below = name
+    first = (series.parent / "PR-1.md").read_text()
+    assert "#1039" in first and "snapshot()" in first and manifest.pull_requests[1].title in first
 
 
 def test_the_command_line_refuses_with_a_message_and_exit_code_2(tmp_path: Path) -> None:

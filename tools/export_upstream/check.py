@@ -94,6 +94,22 @@ def check_shape(checkout: Path, base: str, branch: str, max_lines: int, report: 
     )
 
 
+def check_stack(checkout: Path, base: str, stack: Sequence[str], max_pr_lines: int, report: Report) -> None:
+    """Each pull request of the stack (``NAME-1`` .. ``NAME-N``, each on the one before) within
+    ``max_pr_lines`` changed lines; the first, the RFC, within one commit's worth (800)."""
+    below = base
+    for k, name in enumerate(stack, 1):
+        if subprocess.run(["git", "merge-base", "--is-ancestor", below, name], cwd=checkout).returncode:
+            report.fail(f"{name} is not on top of {below}")
+        size = sum(changed_lines(checkout, sha) for sha in commits_of(checkout, below, name))
+        limit = 800 if k == 1 else max_pr_lines
+        if size > limit:
+            report.fail(f"pull request {k} ({name}): {size} changed lines, more than {limit}")
+        count = len(commits_of(checkout, below, name))
+        report.note(f"pull request {k} ({name}): {count} commits, {size} changed lines")
+        below = name
+
+
 def _run(
     command: Sequence[str], cwd: Path, env: Optional[dict] = None, timeout: float = 3600
 ) -> subprocess.CompletedProcess:
@@ -155,9 +171,13 @@ def check_imports(checkout: Path, base: str, branch: str, python: str, report: R
 def check_tests(
     checkout: Path, base: str, branch: str, python: str, which: Sequence[str], report: Report
 ) -> None:
-    """``pytest test/dataloader2`` at the ``first``, ``middle`` and ``tip`` commits (as asked)."""
+    """``pytest test/dataloader2`` at the ``first``, ``middle`` and ``tip`` commits, or at the tip of
+    a pull request of the stack (``pr1`` .. ``prN``: the branches ``BRANCH-1`` ..), as asked."""
     commits = commits_of(checkout, base, branch)
     chosen = {"first": commits[0], "middle": commits[len(commits) // 2], "tip": commits[-1]}
+    for name in which:
+        if name.startswith("pr"):
+            chosen[name] = _git(checkout, "rev-parse", f"{branch}-{name[2:]}")
     for name in which:
         sha = chosen[name]
         _git(checkout, "checkout", "-q", sha)
@@ -176,15 +196,26 @@ def check_tests(
 
 
 def check_all(
-    checkout: Path, base: str, branch: str, max_lines: int, tools: Optional[Path], which: Sequence[str]
+    checkout: Path,
+    base: str,
+    branch: str,
+    max_lines: int,
+    tools: Optional[Path],
+    which: Sequence[str],
+    stack: Sequence[str] = (),
+    max_pr_lines: int = 3000,
 ) -> Report:
-    """Every check: the shape, imports at every commit, the linters (with ``tools``), and
-    ``test/dataloader2`` at the commits ``which`` names."""
+    """Every check: the shape (of the stack's pull requests too), imports at every commit, the
+    linters at each pull request's tip (with ``tools``), and ``test/dataloader2`` at the commits
+    ``which`` names."""
     report = Report()
     check_shape(checkout, base, branch, max_lines, report)
+    if stack:
+        check_stack(checkout, base, stack, max_pr_lines, report)
     check_imports(checkout, base, branch, sys.executable, report)
     if tools is not None:
-        check_lint(checkout, base, branch, tools, report)
+        for tip in stack or [branch]:
+            check_lint(checkout, base, tip, tools, report)
     if which:
         check_tests(checkout, base, branch, sys.executable, which, report)
     return report

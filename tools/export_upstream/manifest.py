@@ -26,6 +26,9 @@ TESTS_DIR = REPO_DIR / "test" / "dataloader2"
 #: The tests' helpers (modules of the tests that are not tests; the conftest stays in TESTS_DIR).
 HELPERS_DIR = TESTS_DIR / "helpers"
 MANIFEST = HERE / "series.toml"
+#: Our code that goes at named places of upstream's files, and the PRs' descriptions.
+FRAGMENTS_DIR = HERE / "rfc"
+PULL_REQUESTS_DIR = HERE / "prs"
 
 #: ``test_worker.py`` (the whole file) or ``test_worker.py:2/3`` (its second third).
 _TEST_PART = re.compile(r"^(?P<file>[a-z_0-9]+\.py)(?::(?P<part>\d+)/(?P<parts>\d+))?$")
@@ -75,6 +78,20 @@ class Commit:
     helpers: Tuple[str, ...]
     edits: Tuple[Edit, ...] = ()
     exports: bool = False  # torchdata.dataloader2 exports the series' public names
+    #: Fragments of ``rfc/`` put at named places of upstream's files (see splice.py), and tests
+    #: of ``rfc/`` that go beside upstream's own in ``test/dataloader2``.
+    fragments: Tuple[str, ...] = ()
+    fragment_tests: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PullRequest:
+    """One pull request of the stack: the next ``commits`` commits, described by ``description``
+    (a file of ``prs/``, a template of the PR's text) under ``title``."""
+
+    title: str
+    commits: int
+    description: str
 
 
 @dataclass(frozen=True)
@@ -87,6 +104,8 @@ class Manifest:
     not_reexported: Tuple[str, ...]
     max_changed_lines: int
     text_rules: Tuple[Tuple[str, str], ...] = ()
+    pull_requests: Tuple[PullRequest, ...] = ()
+    max_pull_request_lines: int = 3000
 
     def placement(self, module: str) -> Placement:
         return self.placements[module]
@@ -121,6 +140,8 @@ def load(path: Path = MANIFEST) -> Manifest:
                 helpers=tuple(entry.get("helpers", ())),
                 edits=tuple(Edit(**edit) for edit in entry.get("edits", ())),
                 exports=bool(entry.get("exports", False)),
+                fragments=tuple(entry.get("fragments", ())),
+                fragment_tests=tuple(entry.get("fragment_tests", ())),
             )
             for entry in data["commit"]
         )
@@ -134,6 +155,8 @@ def load(path: Path = MANIFEST) -> Manifest:
             not_reexported=tuple(data["not_reexported"]),
             max_changed_lines=int(data["max_changed_lines"]),
             text_rules=tuple((rule["pattern"], rule["replacement"]) for rule in data.get("text", ())),
+            pull_requests=tuple(PullRequest(**entry) for entry in data.get("pr", ())),
+            max_pull_request_lines=int(data.get("max_pull_request_lines", 3000)),
         )
     except (KeyError, TypeError, tomllib.TOMLDecodeError) as e:
         raise ManifestError(f"{path} is malformed: {type(e).__name__}: {e}") from e
@@ -285,3 +308,25 @@ def check(manifest: Manifest) -> None:
         for part in commit.tests:
             if parts_done[part.file] != part.parts:
                 raise ManifestError(f"{part.file} has {part.parts} parts, {parts_done[part.file]} exported")
+    _check_pull_requests(manifest)
+
+
+def _check_pull_requests(manifest: Manifest) -> None:
+    """The PRs cover the commits in order (the docs commit joins the last one), each described,
+    and every fragment exists."""
+    if not manifest.pull_requests:
+        raise ManifestError("[[pr]]: the series must say which commits form which pull request")
+    if any(pr.commits < 1 for pr in manifest.pull_requests):
+        raise ManifestError("[[pr]]: every pull request has at least one commit")
+    if sum(pr.commits for pr in manifest.pull_requests) != len(manifest.commits):
+        raise ManifestError(
+            f"[[pr]]: the pull requests hold {sum(pr.commits for pr in manifest.pull_requests)} "
+            f"commits, the series has {len(manifest.commits)}"
+        )
+    for pr in manifest.pull_requests:
+        if not (PULL_REQUESTS_DIR / pr.description).is_file():
+            raise ManifestError(f"[[pr]] {pr.title!r}: no description {PULL_REQUESTS_DIR / pr.description}")
+    for commit in manifest.commits:
+        for name in commit.fragments + commit.fragment_tests:
+            if not (FRAGMENTS_DIR / name).is_file():
+                raise ManifestError(f"{commit.title}: no fragment {FRAGMENTS_DIR / name}")

@@ -1,13 +1,14 @@
-"""``PR.md``: the pull request's description, next to the checkout (not in it): the template
-``PR.md`` of this folder with the series' commits and the benchmark table filled in."""
+"""``PR-1.md`` .. ``PR-N.md``: the descriptions of the stack's pull requests, next to the checkout
+(not in it): each ``[[pr]]``'s template of ``prs/`` with its commits, its size, where it stands in
+the stack and the benchmark table filled in."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
+from typing import List, Sequence
 
-from manifest import REPO_DIR
-from series import PR_TEMPLATE, _git
+from manifest import PULL_REQUESTS_DIR, REPO_DIR, Manifest
+from series import _git, stack_branches
 
 README = REPO_DIR / "README.md"
 MARKER = "<!-- benchmark-table:begin -->"
@@ -24,17 +25,49 @@ def benchmark_table() -> str:
     return table.replace("ours items/s", "new MPRS items/s").replace("| ours/", "| new/")
 
 
-def write_pull_request(checkout: Path, branch: str, commits: List[str]) -> Path:
-    """Write ``PR.md`` beside ``checkout``; its path."""
+def _listing(checkout: Path, commits: Sequence[str]) -> str:
     lines = []
     for i, sha in enumerate(commits, 1):
         subject = _git(checkout, "log", "-1", "--format=%s", sha)
         size = _git(checkout, "diff", "--shortstat", f"{sha}^", sha).strip()
         lines.append(f"{i}. {subject} ({size})")
-    listing = "\n".join(lines)
-    text = PR_TEMPLATE.read_text()
-    text = text.replace("{{COMMITS}}", listing).replace("{{BENCHMARKS}}", benchmark_table())
-    text = text.replace("{{BRANCH}}", branch).replace("{{COUNT}}", str(len(commits)))
-    out = checkout.parent / "PR.md"
-    out.write_text(text)
-    return out
+    return "\n".join(lines)
+
+
+def write_pull_requests(checkout: Path, branch: str, commits: List[str], manifest: Manifest) -> List[Path]:
+    """Write ``PR-k.md`` beside ``checkout`` for each pull request of the stack; their paths."""
+    prs = manifest.pull_requests
+    names = stack_branches(branch, len(prs))
+    base = _git(checkout, "rev-parse", f"{commits[0]}^")
+    stack = "\n".join(f"{k}. {pr.title} (`{name}`)" for k, (pr, name) in enumerate(zip(prs, names), 1))
+    written = []
+    start = 0
+    for k, (pr, name) in enumerate(zip(prs, names), 1):
+        end = len(commits) if k == len(prs) else start + pr.commits
+        mine = commits[start:end]
+        below = names[k - 2] if k > 1 else _git(checkout, "describe", "--tags", "--always", base)
+        size = _git(checkout, "diff", "--shortstat", f"{mine[0]}^", mine[-1]).strip()
+        following = (
+            f"PR {k + 1}: {prs[k].title}"
+            if k < len(prs)
+            else "nothing: this is the stack's last pull request"
+        )
+        replacements = {
+            "{{TITLE}}": pr.title,
+            "{{BRANCH}}": name,
+            "{{BASE}}": below,
+            "{{COUNT}}": str(len(mine)),
+            "{{SIZE}}": size,
+            "{{COMMITS}}": _listing(checkout, mine),
+            "{{STACK}}": stack,
+            "{{NEXT}}": following,
+            "{{BENCHMARKS}}": benchmark_table(),
+        }
+        text = (PULL_REQUESTS_DIR / pr.description).read_text()
+        for placeholder, value in replacements.items():
+            text = text.replace(placeholder, value)
+        out = checkout.parent / f"PR-{k}.md"
+        out.write_text(text)
+        written.append(out)
+        start = end
+    return written

@@ -1,6 +1,6 @@
 """Make the series on a torchdata checkout: one git commit per ``[[commit]]`` of ``series.toml``,
 then the docs commit, formatted as upstream's pre-commit formats (ufmt: black 21.12b0 and usort
-1.0.0), and ``PR.md`` next to the checkout."""
+1.0.0); the branches of the stack of pull requests ``[[pr]]`` says."""
 
 from __future__ import annotations
 
@@ -21,7 +21,16 @@ from errors import (
     UnsupportedVersionError,
     UpstreamLayoutError,
 )
-from manifest import REPO_DIR, TESTS_DIR, Commit, Manifest, module_path, public_name_modules, test_source
+from manifest import (
+    FRAGMENTS_DIR,
+    REPO_DIR,
+    TESTS_DIR,
+    Commit,
+    Manifest,
+    module_path,
+    public_name_modules,
+    test_source,
+)
 from rewrite import (
     _import_statement,
     _insert_imports,
@@ -31,12 +40,12 @@ from rewrite import (
     rewrite_test,
     test_slices,
 )
+from splice import splice, target_of
 
 SUPPORTED = re.compile(r"^0\.(7\.1|8\.\d+|9\.\d+)$")
 
 #: The page the docs commit adds to torchdata's docs (written for them, kept in this repository).
 UPSTREAM_DOCS_PAGE = REPO_DIR / "docs" / "upstream" / "reading_service_checkpointing.rst"
-PR_TEMPLATE = Path(__file__).resolve().parent / "PR.md"
 
 
 def _git(checkout: Path, *args: str, check: bool = True) -> str:
@@ -72,11 +81,14 @@ def check_checkout(checkout: Path, branch: str) -> str:
         raise DirtyCheckoutError(
             f"the work tree of {checkout} is not clean: commit or stash your changes first"
         )
-    exists = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}"], cwd=checkout)
-    if exists.returncode == 0:
-        raise DirtyCheckoutError(
-            f"{checkout} already has a branch {branch!r}: pass another --branch or delete it"
+    for name in (branch, f"{branch}-1"):
+        exists = subprocess.run(
+            ["git", "rev-parse", "--verify", "--quiet", f"refs/heads/{name}"], cwd=checkout
         )
+        if exists.returncode == 0:
+            raise DirtyCheckoutError(
+                f"{checkout} already has a branch {name!r}: pass another --branch or delete it"
+            )
     return version
 
 
@@ -124,6 +136,22 @@ class SeriesWriter:
                 raise UpstreamLayoutError(f"{placement.path} exists already in this checkout")
             text = LICENSE + ours
         return self._write(placement.path, text)
+
+    def fragment(self, name: str) -> str:
+        """Our code of ``rfc/NAME`` at its named places of the upstream file it joins."""
+        fragment = (FRAGMENTS_DIR / name).read_text()
+        relative = target_of(fragment)
+        target = self.checkout / relative
+        if not target.is_file():
+            raise UpstreamLayoutError(f"{relative} does not exist in this checkout")
+        return self._write(relative, splice(target.read_text(), fragment))
+
+    def fragment_test(self, name: str) -> str:
+        """A test of ``rfc/`` beside upstream's own tests."""
+        relative = f"test/dataloader2/{name}"
+        if (self.checkout / relative).exists():
+            raise UpstreamLayoutError(f"{relative} exists already in this checkout")
+        return self._write(relative, LICENSE + (FRAGMENTS_DIR / name).read_text())
 
     def edit(self, relative: str, old: str, new: str) -> str:
         path = self.checkout / relative
@@ -312,19 +340,41 @@ def export(
                 "What a checkpoint guarantees, how to take and restore one, snapshot(), the options,\n"
                 "and what the errors mean; the new public names in the API reference.",
             )
-        return _git(checkout, "rev-list", "--reverse", f"{start}..{branch}").split()
+        commits = _git(checkout, "rev-list", "--reverse", f"{start}..{branch}").split()
+        make_stack(checkout, branch, commits, manifest)
+        return commits
     except BaseException:
         _git(checkout, "checkout", "-q", "-f", start if previous == "HEAD" else previous, check=False)
         _git(checkout, "clean", "-q", "-fd", check=False)
-        _git(checkout, "branch", "-q", "-D", branch, check=False)
+        for name in [branch, *stack_branches(branch, len(manifest.pull_requests))]:
+            _git(checkout, "branch", "-q", "-D", name, check=False)
         raise
 
 
 def _commit_files(writer: SeriesWriter, commit: Commit) -> List[str]:
     paths = [writer.edit(edit.path, edit.old, edit.new) for edit in commit.edits]
     paths += [writer.module(module) for module in commit.modules]
+    paths += [writer.fragment(name) for name in commit.fragments]
     if commit.exports:
         paths.append(writer.dataloader2_init())
     paths += [writer.helper(helper) for helper in commit.helpers]
     paths += [writer.test(t.file, t.part, t.parts) for t in commit.tests]
-    return paths
+    paths += [writer.fragment_test(name) for name in commit.fragment_tests]
+    return list(dict.fromkeys(paths))
+
+
+def stack_branches(branch: str, count: int) -> List[str]:
+    """The branches of a stack of ``count`` pull requests: ``NAME-1`` .. ``NAME-N``."""
+    return [f"{branch}-{k}" for k in range(1, count + 1)]
+
+
+def make_stack(checkout: Path, branch: str, commits: Sequence[str], manifest: Manifest) -> List[str]:
+    """Branches ``NAME-1`` .. ``NAME-N`` at the tips of the pull requests (``NAME-N`` is ``NAME``;
+    the docs commit, after the last ``[[commit]]``, belongs to the last pull request); their names."""
+    names = stack_branches(branch, len(manifest.pull_requests))
+    end = 0
+    for name, pr in zip(names, manifest.pull_requests):
+        end += pr.commits
+        tip = commits[-1] if name == names[-1] else commits[end - 1]
+        _git(checkout, "branch", "-q", "-f", name, tip)
+    return names

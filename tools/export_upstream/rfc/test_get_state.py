@@ -1,0 +1,116 @@
+import queue
+import unittest
+from unittest import TestCase
+
+from torchdata.dataloader2.communication.iter import DataPipeBehindQueues
+from torchdata.dataloader2.communication.messages import GetNextResponse, GetStateResponse, PauseResponse
+from torchdata.dataloader2.communication.protocol import (
+    IterDataPipeQueueProtocolClient,
+    IterDataPipeQueueProtocolServer,
+)
+from torchdata.dataloader2.random import SeedGenerator
+from torchdata.dataloader2.utils import WorkerInfo
+from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
+
+
+class _Counted(IterDataPipe):
+    """A DataPipe with a ``state_dict()``: how many items it yielded."""
+
+    def __init__(self, source):
+        self.source = source
+        self.count = 0
+
+    def __iter__(self):
+        self.count = 0
+        for x in self.source:
+            self.count += 1
+            yield x
+
+    def state_dict(self):
+        return {"count": self.count}
+
+
+class TestGetStateRequest(TestCase):
+    r"""
+    The queue-based loop of a worker answers ``GetStateRequest`` between two items, with the
+    worker's ``WorkerSnapshot``, and goes on where it was.
+    """
+
+    def setUp(self) -> None:
+        requests, responses = queue.Queue(), queue.Queue()
+        self.client = IterDataPipeQueueProtocolClient(requests, responses)
+        self.server = IterDataPipeQueueProtocolServer(requests, responses)
+        self.datapipe = _Counted(IterableWrapper(range(10)))
+        self.loop = DataPipeBehindQueues(
+            self.datapipe,
+            self.server,
+            process_name="worker process",
+            loop_id=1,
+            worker_info=WorkerInfo(2, 1),
+            custom_reset_fn=None,
+            blocking_request_get=False,
+        )
+
+    def _serve(self):
+        """The loop serves the request it was sent; its response."""
+        next(self.loop)
+        return self.client.response_queue.get(timeout=10)
+
+    def _reset(self) -> None:
+        self.client.request_reset_epoch(SeedGenerator(0), None)
+        self._serve()
+        self.client.request_served()
+
+    def _next(self):
+        self.client.request_next()
+        response = self._serve()
+        self.client.request_served(response)
+        self.assertIsInstance(response, GetNextResponse)
+        return response.value
+
+    def _state(self):
+        self.client.request_get_state()
+        response = self._serve()
+        self.client.request_served(response)
+        self.assertIsInstance(response, GetStateResponse)
+        return response.snapshot
+
+    def test_state_between_two_items(self) -> None:
+        self._reset()
+        self.assertEqual([self._next() for _ in range(3)], [0, 1, 2])
+        snapshot = self._state()
+        self.assertEqual((snapshot.worker_id, snapshot.role), (1, "worker"))
+        self.assertEqual((snapshot.produced, snapshot.sent, snapshot.buffered), (3, 3, 0))
+        self.assertEqual(snapshot.datapipe_yields, {"0:_Counted": 3, "1:IterableWrapperIterDataPipe": 3})
+        self.assertEqual(snapshot.datapipe_states, {"0:_Counted": {"count": 3}})
+        self.assertFalse(snapshot.paused)
+        self.assertEqual(self._next(), 3, "the loop goes on with the next item")
+
+    def test_state_of_an_epoch_not_started_counts_nothing(self) -> None:
+        self._reset()
+        self.assertEqual([self._next() for _ in range(4)], [0, 1, 2, 3])
+        self._reset()
+        snapshot = self._state()
+        self.assertEqual((snapshot.produced, snapshot.sent), (0, 0))
+        self.assertEqual(set(snapshot.datapipe_yields.values()), {0})
+        self.assertEqual(self._next(), 0)
+
+    def test_state_while_paused(self) -> None:
+        self._reset()
+        self._next()
+        self.client.request_pause()
+        self.assertIsInstance(self._serve(), PauseResponse)
+        self.client.request_served()
+        snapshot = self._state()
+        self.assertTrue(snapshot.paused)
+        self.assertEqual(snapshot.produced, 1)
+
+    def test_a_state_only_answers_its_own_request(self) -> None:
+        self.client.request_next()
+        self.server.get_new_request()
+        with self.assertRaisesRegex(Exception, "state to another type of request"):
+            self.server.response_get_state(None)
+
+
+if __name__ == "__main__":
+    unittest.main()
