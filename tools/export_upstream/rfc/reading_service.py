@@ -33,7 +33,7 @@ class MultiProcessingReadingService:
         With ``num_workers=0``, the single snapshot describes the graph in the main process.
         """
         if self._end_datapipe is None:
-            raise RuntimeError("`snapshot()` needs an initialized reading service: start iterating first")
+            raise RuntimeError("`snapshot()` needs a running reading service: create an iterator of the DataLoader2 first")
         if not self._mp:
             return [_in_process_snapshot(self._end_datapipe, self._epoch)]
         assert self._worker_consumer_datapipe is not None

@@ -97,7 +97,7 @@ class TestReadingServiceSnapshot(TestCase):
         self.assertEqual((snapshot.role, snapshot.epoch, snapshot.produced, snapshot.handed_on), ("in_process", 0, 3, 3))
 
     def test_snapshot_before_iterating_is_refused(self) -> None:
-        with self.assertRaisesRegex(RuntimeError, "start iterating first"):
+        with self.assertRaisesRegex(RuntimeError, "create an iterator of the DataLoader2 first"):
             MultiProcessingReadingService(num_workers=2).snapshot()
 
 
