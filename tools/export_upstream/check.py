@@ -22,6 +22,8 @@ IN_PLACE = (
     "torchdata/dataloader2/reading_service.py",
 )
 MIN_COMMITS = 15
+#: The first pull request, the snapshot RFC, is reviewed as one piece: one commit's worth of lines.
+RFC_MAX_LINES = 800
 
 #: Upstream's flake8 settings (its .flake8), for a checkout that lacks the file.
 FLAKE8_DEFAULTS = [
@@ -96,17 +98,17 @@ def check_shape(checkout: Path, base: str, branch: str, max_lines: int, report: 
 
 def check_stack(checkout: Path, base: str, stack: Sequence[str], max_pr_lines: int, report: Report) -> None:
     """Each pull request of the stack (``NAME-1`` .. ``NAME-N``, each on the one before) within
-    ``max_pr_lines`` changed lines; the first, the RFC, within one commit's worth (800)."""
+    ``max_pr_lines`` changed lines; the first, the RFC, within ``RFC_MAX_LINES``."""
     below = base
     for k, name in enumerate(stack, 1):
         if subprocess.run(["git", "merge-base", "--is-ancestor", below, name], cwd=checkout).returncode:
             report.fail(f"{name} is not on top of {below}")
-        size = sum(changed_lines(checkout, sha) for sha in commits_of(checkout, below, name))
-        limit = 800 if k == 1 else max_pr_lines
+        mine = commits_of(checkout, below, name)
+        size = sum(changed_lines(checkout, sha) for sha in mine)
+        limit = RFC_MAX_LINES if k == 1 else max_pr_lines
         if size > limit:
             report.fail(f"pull request {k} ({name}): {size} changed lines, more than {limit}")
-        count = len(commits_of(checkout, below, name))
-        report.note(f"pull request {k} ({name}): {count} commits, {size} changed lines")
+        report.note(f"pull request {k} ({name}): {len(mine)} commits, {size} changed lines")
         below = name
 
 

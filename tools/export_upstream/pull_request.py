@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import List, Sequence
 
 from manifest import PULL_REQUESTS_DIR, REPO_DIR, Manifest
-from series import _git, stack_branches
+from series import _git, pull_request_commits, stack_branches
 
 README = REPO_DIR / "README.md"
 MARKER = "<!-- benchmark-table:begin -->"
@@ -41,10 +41,7 @@ def write_pull_requests(checkout: Path, branch: str, commits: List[str], manifes
     base = _git(checkout, "rev-parse", f"{commits[0]}^")
     stack = "\n".join(f"{k}. {pr.title} (`{name}`)" for k, (pr, name) in enumerate(zip(prs, names), 1))
     written = []
-    start = 0
-    for k, (pr, name) in enumerate(zip(prs, names), 1):
-        end = len(commits) if k == len(prs) else start + pr.commits
-        mine = commits[start:end]
+    for k, (pr, name, mine) in enumerate(zip(prs, names, pull_request_commits(commits, manifest)), 1):
         below = names[k - 2] if k > 1 else _git(checkout, "describe", "--tags", "--always", base)
         size = _git(checkout, "diff", "--shortstat", f"{mine[0]}^", mine[-1]).strip()
         following = (
@@ -69,5 +66,4 @@ def write_pull_requests(checkout: Path, branch: str, commits: List[str], manifes
         out = checkout.parent / f"PR-{k}.md"
         out.write_text(text)
         written.append(out)
-        start = end
     return written

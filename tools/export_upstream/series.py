@@ -368,13 +368,21 @@ def stack_branches(branch: str, count: int) -> List[str]:
     return [f"{branch}-{k}" for k in range(1, count + 1)]
 
 
+def pull_request_commits(commits: Sequence[str], manifest: Manifest) -> List[List[str]]:
+    """The commits of each pull request, in order: the next ``[[pr]].commits`` of them each (the
+    docs commit, after the last ``[[commit]]``, belongs to the last pull request)."""
+    groups, start = [], 0
+    for k, pr in enumerate(manifest.pull_requests, 1):
+        end = len(commits) if k == len(manifest.pull_requests) else start + pr.commits
+        groups.append(list(commits[start:end]))
+        start = end
+    return groups
+
+
 def make_stack(checkout: Path, branch: str, commits: Sequence[str], manifest: Manifest) -> List[str]:
-    """Branches ``NAME-1`` .. ``NAME-N`` at the tips of the pull requests (``NAME-N`` is ``NAME``;
-    the docs commit, after the last ``[[commit]]``, belongs to the last pull request); their names."""
+    """Branches ``NAME-1`` .. ``NAME-N`` at the tips of the pull requests (``NAME-N`` is ``NAME``);
+    their names."""
     names = stack_branches(branch, len(manifest.pull_requests))
-    end = 0
-    for name, pr in zip(names, manifest.pull_requests):
-        end += pr.commits
-        tip = commits[-1] if name == names[-1] else commits[end - 1]
-        _git(checkout, "branch", "-q", "-f", name, tip)
+    for name, mine in zip(names, pull_request_commits(commits, manifest)):
+        _git(checkout, "branch", "-q", "-f", name, mine[-1])
     return names

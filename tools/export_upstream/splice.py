@@ -15,7 +15,7 @@ import ast
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from errors import UpstreamLayoutError
-from rewrite import _as_comment, _bound_names, _insert_imports, _is_docstring, _start
+from rewrite import _as_comment, _bound_names, _insert_imports, _is_docstring, _spelled, _start
 
 #: The fragment's own settings, which do not go into upstream's file.
 SETTINGS = ("TARGET", "BRANCHES", "AT_END")
@@ -99,18 +99,17 @@ def _at_end(lines: List[str], tree: ast.Module, method: str, statement: str) -> 
     return (last.end_lineno or last.lineno, f"{indent}{statement}\n")
 
 
-def _imports(fragment: ast.Module, lines: Sequence[str], upstream_bound: Set[str]) -> List[str]:
+def _imports(fragment: ast.Module, upstream_bound: Set[str]) -> List[str]:
     """The fragment's imports of names upstream's file does not bind."""
     statements = []
     for node in fragment.body:
         if isinstance(node, ast.ImportFrom):
             names = [a for a in node.names if (a.asname or a.name) not in upstream_bound]
             if names:
-                spelled = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in names)
-                statements.append(f"from {node.module} import {spelled}")
+                statements.append(f"from {node.module} import {', '.join(map(_spelled, names))}")
         elif isinstance(node, ast.Import):
             statements += [
-                f"import {a.name}" + (f" as {a.asname}" if a.asname else "")
+                f"import {_spelled(a)}"
                 for a in node.names
                 if (a.asname or a.name.split(".")[0]) not in upstream_bound
             ]
@@ -146,7 +145,7 @@ def splice(upstream: str, fragment: str) -> str:
         header = _as_comment(docstring) + "\n" if docstring else ""
         text += "\n\n" + header + "\n\n\n".join(appended) + "\n"
     bound = {name for node in tree.body for name in _bound_names(node)}
-    imports = _imports(ours, our_lines, bound)
+    imports = _imports(ours, bound)
     if imports:
         text = _insert_imports(text, "\n".join(imports))
     return _extend_all(text, [n for block in appended for n in _public_names(block)])

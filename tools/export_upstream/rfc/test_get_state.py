@@ -3,7 +3,12 @@ import unittest
 from unittest import TestCase
 
 from torchdata.dataloader2.communication.iter import DataPipeBehindQueues
-from torchdata.dataloader2.communication.messages import GetNextResponse, GetStateResponse, PauseResponse
+from torchdata.dataloader2.communication.messages import (
+    GetNextResponse,
+    GetStateResponse,
+    PauseResponse,
+    ResetEpochResponse,
+)
 from torchdata.dataloader2.communication.protocol import (
     IterDataPipeQueueProtocolClient,
     IterDataPipeQueueProtocolServer,
@@ -51,29 +56,23 @@ class TestGetStateRequest(TestCase):
             blocking_request_get=False,
         )
 
-    def _serve(self):
-        """The loop serves the request it was sent; its response."""
+    def _ask(self, request, response_type):
+        """Send a request (a method of the client); the loop serves it; its response."""
+        request()
         next(self.loop)
-        return self.client.response_queue.get(timeout=10)
+        response = self.client.response_queue.get(timeout=10)
+        self.client.request_served(response)
+        self.assertIsInstance(response, response_type)
+        return response
 
     def _reset(self) -> None:
-        self.client.request_reset_epoch(SeedGenerator(0), None)
-        self._serve()
-        self.client.request_served()
+        self._ask(lambda: self.client.request_reset_epoch(SeedGenerator(0), None), ResetEpochResponse)
 
     def _next(self):
-        self.client.request_next()
-        response = self._serve()
-        self.client.request_served(response)
-        self.assertIsInstance(response, GetNextResponse)
-        return response.value
+        return self._ask(self.client.request_next, GetNextResponse).value
 
     def _state(self):
-        self.client.request_get_state()
-        response = self._serve()
-        self.client.request_served(response)
-        self.assertIsInstance(response, GetStateResponse)
-        return response.snapshot
+        return self._ask(self.client.request_get_state, GetStateResponse).snapshot
 
     def test_state_between_two_items(self) -> None:
         self._reset()
@@ -98,9 +97,7 @@ class TestGetStateRequest(TestCase):
     def test_state_while_paused(self) -> None:
         self._reset()
         self._next()
-        self.client.request_pause()
-        self.assertIsInstance(self._serve(), PauseResponse)
-        self.client.request_served()
+        self._ask(self.client.request_pause, PauseResponse)
         snapshot = self._state()
         self.assertTrue(snapshot.paused)
         self.assertEqual(snapshot.produced, 1)
