@@ -144,11 +144,11 @@ def installed() -> Plugins:
 
 def require(feature: str, option: str) -> Any:
     """The installed ``feature`` (a field of ``Plugins``), or ``ValueError`` saying that ``option``
-    needs the module this installation lacks."""
+    needs the module this installation lacks (named in full: it is the same module wherever the
+    package's modules are placed)."""
     found = getattr(installed(), feature)
     if found is None:
-        module = FEATURES[feature][0].rsplit(".", 1)[0]
-        raise ValueError(f"{option} needs {module}, which this installation of torchdata_snapshot lacks")
+        raise ValueError(f"{option} needs {FEATURES[feature][0]}, which this installation lacks")
     return found
 
 
