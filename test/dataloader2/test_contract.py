@@ -14,20 +14,21 @@ from typing import Any, Iterator, List
 import pytest
 from contract import (
     AFTER_END,
+    POSITIONS,
+    PREFETCH,
+    WORKERS,
     Config,
     Resumer,
     ResumeTask,
     check_contract,
     encode_state,
+    matrix,
     resolve_positions,
     take_states,
 )
-from pipelines import PIPELINES, REPLAYED_ONLY
+from pipelines import ELASTIC_DECLARED, PIPELINES, REPLAYED_ONLY
 
-SHAPES = sorted(PIPELINES)
-WORKERS = [0, 1, 2, 4]
-PREFETCH = [0, 1, 10]
-POSITIONS = ["first", "one", "middle", "last", "after_end"]
+SHAPES = sorted(set(PIPELINES) - ELASTIC_DECLARED)
 
 
 @pytest.fixture(scope="module")
@@ -37,20 +38,10 @@ def resumer() -> Iterator[Resumer]:
     r.close()
 
 
-def matrix(full: bool) -> List[Any]:
-    cases = []
-    prefetches = list(itertools.product(PREFETCH, PREFETCH)) if full else [(p, p) for p in PREFETCH]
-    for shape, workers, (wp, mp) in itertools.product(SHAPES, WORKERS, prefetches):
-        if workers == 0 and (wp, mp) != (0, 0) and not full:
-            continue  # prefetch counts do nothing in-process
-        cases.append(Config(shape, workers, wp, mp))
-    return cases
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     full = metafunc.config.getoption("--full-matrix")
     if "matrix_config" in metafunc.fixturenames:
-        metafunc.parametrize("matrix_config", matrix(full), ids=str)
+        metafunc.parametrize("matrix_config", matrix(SHAPES, full), ids=str)
     if "stateful_config" in metafunc.fixturenames:
         metafunc.parametrize("stateful_config", stateful_matrix(full), ids=lambda c: f"{c}-stateful")
 

@@ -14,14 +14,37 @@ from dataclasses import replace
 from typing import Any, Dict, Iterator, List
 
 import pytest
-from contract import Config, Resumer, ResumeTask, encode_state, reference, take_states
+from contract import (
+    POSITIONS,
+    Config,
+    Resumer,
+    ResumeTask,
+    check_contract,
+    encode_state,
+    matrix,
+    reference,
+    resolve_positions,
+    take_states,
+)
 from elastic_pipelines import ElasticDoubling
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pipelines import double, kill_once_at_reset, moved_onto, pipeline, restarts_logged, rs, split, take, tiny
+from pipelines import (
+    ELASTIC_DECLARED,
+    double,
+    kill_once_at_reset,
+    moved_onto,
+    pipeline,
+    restarts_logged,
+    rs,
+    split,
+    take,
+    tiny,
+)
 from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
 
+import torchdata_snapshot
 from torchdata_snapshot import IncompatibleCheckpointError, register_elastic
 from torchdata_snapshot.elastic.resume import elastic_refusal
 
@@ -345,3 +368,24 @@ def test_new_workers_start_the_pre_sharding_part_from_an_old_workers_captured_st
     )
     after += list(it)
     assert Counter(before + after) == Counter(epoch)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "declared_config" in metafunc.fixturenames:
+        full = metafunc.config.getoption("--full-matrix")
+        metafunc.parametrize("declared_config", matrix(sorted(ELASTIC_DECLARED), full), ids=str)
+
+
+def test_a_subclass_declared_elastic_resumes_exactly_over_the_contracts_matrix(
+    resumer: Resumer, declared_config: Config
+) -> None:
+    """The exact-resume contract (test_contract.py) for the shapes only elastic resume can build:
+    with the same layout, a declared subclass restores as any other DataPipe does."""
+    check_contract(resumer, declared_config, resolve_positions(declared_config, POSITIONS))
+
+
+@pytest.mark.parametrize("name", ["gather_elastic_state", "register_elastic"])
+def test_the_elastic_names_are_exported_and_documented(name: str) -> None:
+    assert name in torchdata_snapshot.__all__
+    doc = getattr(torchdata_snapshot, name).__doc__
+    assert doc and doc.strip(), f"{name} has no docstring"

@@ -305,13 +305,13 @@ def test_shutdown_releases_everything_at_once_over_many_loaders() -> None:
     fds, threads = open_fds(), threading.active_count()
     kept = []
     shapes = ["shuffle_before_sharding", "dispatch", "stateful_source", "non_replicable_tail"]
-    shapes += ["tensors", "pooled"]
+    shapes += ["tensors", "tensors_by_default"]
     for cycle in range(50):
         shape = shapes[cycle % len(shapes)]
         options: Dict[str, Any] = {}
-        if shape in ("tensors", "pooled"):  # shared memory or the tensor pool: its memfds too
+        if shape.startswith("tensors"):  # shared memory, or by default the tensor pool's memfds
             dp = IterableWrapper(range(60)).sharding_filter().map(megabyte)
-            options["tensor_pool"] = shape == "pooled"
+            options["tensor_pool"] = None if shape == "tensors_by_default" else False
         else:
             dp = pipeline(shape, 60)
         dl = DataLoader2(dp, reading_service=rs(2, restart_dead_workers=0, **options))

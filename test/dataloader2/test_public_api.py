@@ -4,8 +4,9 @@ from test_public_names import PUBLIC_NAMES
 
 import torchdata_snapshot
 
-#: The names of test_public_names, plus ProtocolError (public here; not in torchdata's tree).
-EXPECTED_PUBLIC_NAMES = sorted([*PUBLIC_NAMES, "ProtocolError"])
+#: The names of test_public_names, plus ProtocolError (public here; not in torchdata's tree) and the
+#: elastic names, which the package has whenever its elastic/ folder is there (test_elastic.py).
+EXPECTED_PUBLIC_NAMES = sorted([*PUBLIC_NAMES, "ProtocolError", "gather_elastic_state", "register_elastic"])
 
 
 def test_all_is_exactly_the_public_api() -> None:

@@ -106,12 +106,12 @@ def test_each_option_has_one_spelling_whose_value_the_service_keeps() -> None:
         max_items_between_captures=7,
         stateful=True,
         control_timeout_s=3.0,
-        restart_dead_workers=2,
+        timeout_s=60.0,
     )
     assert service.restore_options == RestoreOptions(
         verify_replay=False, max_items_between_captures=7, stateful=True
     )
-    assert service.fault_options == FaultOptions(3.0, None, restart_dead_workers=2)
+    assert service.fault_options == FaultOptions(3.0, 60.0)
     assert MultiProcessingReadingService(2).restore_options == RestoreOptions()
 
 

@@ -26,9 +26,15 @@ from pipelines import (
 from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
 
-from torchdata_snapshot import WorkerDiedError
+from torchdata_snapshot import MultiProcessingReadingService, WorkerDiedError
+from torchdata_snapshot.core.options import FaultOptions
 
 RESTARTING = "worker [01] \\(pid \\d+\\) died \\(exit code -9 \\(SIGKILL\\)\\); restarting it"
+
+
+def test_the_option_is_a_keyword_whose_value_the_service_keeps() -> None:
+    service = MultiProcessingReadingService(2, control_timeout_s=3.0, restart_dead_workers=2)
+    assert service.fault_options == FaultOptions(3.0, None, restart_dead_workers=2)
 
 
 def killing(marker: Path, k: int, n: int = 120) -> Any:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import multiprocessing
 import pickle
 import traceback
@@ -25,6 +26,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 AFTER_END = "after_end"  # a position: after StopIteration reached the user
 Position = Union[int, str]
+
+#: The contract's parameter matrix: the number of workers, the prefetch counts, the positions.
+WORKERS = [0, 1, 2, 4]
+PREFETCH = [0, 1, 10]
+POSITIONS = ["first", "one", "middle", "last", AFTER_END]
 
 RESUME_TIMEOUT_S = 180.0
 
@@ -326,3 +332,15 @@ def resolve_positions(config: Config, named: Sequence[str]) -> List[Position]:
 
 def with_options(config: Config, **changes: Any) -> Config:
     return replace(config, **changes)
+
+
+def matrix(shapes: Sequence[str], full: bool) -> List[Config]:
+    """The contract's configurations of ``shapes``: every number of workers, with the prefetch
+    counts' diagonal (``full``: every pair); in-process, the prefetch counts do nothing."""
+    cases = []
+    prefetches = list(itertools.product(PREFETCH, PREFETCH)) if full else [(p, p) for p in PREFETCH]
+    for shape, workers, (wp, mp) in itertools.product(shapes, WORKERS, prefetches):
+        if workers == 0 and (wp, mp) != (0, 0) and not full:
+            continue
+        cases.append(Config(shape, workers, wp, mp))
+    return cases

@@ -135,6 +135,10 @@ PIPELINES: Dict[str, Any] = {}
 #: and the user's Mapper subclasses without state functions (one of them holds an item).
 REPLAYED_ONLY = frozenset({"dispatch", "swapped_pairs_after_sharding", "declared_elastic_subclass"})
 
+#: Shapes built with elastic resume's ``register_elastic``: test_elastic.py runs their contract,
+#: so that the other tests need nothing of elastic resume.
+ELASTIC_DECLARED = frozenset({"declared_elastic_subclass"})
+
 #: Shapes that need a process group (``fullsync``): only the distributed tests build them.
 PROCESS_GROUP_PIPELINES: Dict[str, Any] = {}
 
