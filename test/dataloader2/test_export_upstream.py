@@ -19,9 +19,10 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 import torchdata
@@ -417,6 +418,57 @@ def test_test_files_are_cut_into_cumulative_slices() -> None:
     assert all(s.startswith("import os") for s in slices), "every slice has the header"
     counts = [s.count("def test_") for s in slices]
     assert counts == sorted(counts) and counts[0] >= 1 and counts[-1] == 6
+
+
+def test_a_test_file_can_leave_out_the_tests_a_later_commit_adds() -> None:
+    rewrite = tool("rewrite")
+    source = (
+        "import os\n\n\ndef test_core():\n    assert True\n\n\n"
+        "# Elastic resume: its own pull request.\n@decorated\ndef test_feature():\n    assert True\n\n\n"
+        "def test_last():\n    assert True\n"
+    )
+    without = rewrite.without_tests(source, ["test_feature"])
+    assert (
+        without == "import os\n\n\ndef test_core():\n    assert True\n\n\ndef test_last():\n    assert True\n"
+    )
+    assert rewrite.without_tests(source, ["test_last"]).endswith(
+        "@decorated\ndef test_feature():\n    assert True\n"
+    )
+
+
+def _with_logging_tests(loaded: Any, spec: str) -> Any:
+    """``loaded`` with test_logging.py exported once, as ``spec``, where it is first exported now."""
+    manifest = tool("manifest")
+    first = next(c for c in loaded.commits if any(t.file == "test_logging.py" for t in c.tests))
+
+    def tests(commit: Any) -> Any:
+        kept = tuple(t for t in commit.tests if t.file != "test_logging.py")
+        return kept + (manifest._test_part(spec),) if commit is first else kept
+
+    return replace(loaded, commits=tuple(replace(c, tests=tests(c)) for c in loaded.commits))
+
+
+def test_the_manifest_refuses_tests_left_out_that_no_commit_adds() -> None:
+    manifest, errors = tool("manifest"), tool("errors")
+    loaded = manifest.load()
+    left_out = _with_logging_tests(
+        loaded, "test_logging.py:without=test_steady_state_iteration_logs_nothing_at_info"
+    )
+    with pytest.raises(errors.ManifestError, match="tests no commit adds: .*test_steady_state_iteration"):
+        manifest.check(left_out)
+    with pytest.raises(errors.ManifestError, match="leaves out tests it lacks: .*test_nothing_of"):
+        manifest.check(_with_logging_tests(loaded, "test_logging.py:without=test_nothing_of_that_name"))
+
+
+def test_each_public_name_is_exported_once_by_the_commit_of_its_module_or_a_later_one() -> None:
+    manifest, errors = tool("manifest"), tool("errors")
+    loaded = manifest.load()
+    none = replace(loaded, commits=tuple(replace(c, exports=False) for c in loaded.commits))
+    with pytest.raises(errors.ManifestError, match="public names no commit exports: .*WorkerSnapshot"):
+        manifest.check(none)
+    again = replace(loaded, commits=(*loaded.commits[:-1], replace(loaded.commits[-1], exports=True)))
+    with pytest.raises(errors.ManifestError, match="exports no name that is not exported already"):
+        manifest.check(again)
 
 
 UPSTREAM_FILE = '''import os

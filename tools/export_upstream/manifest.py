@@ -31,7 +31,9 @@ FRAGMENTS_DIR = HERE / "rfc"
 PULL_REQUESTS_DIR = HERE / "prs"
 
 #: ``test_worker.py`` (the whole file) or ``test_worker.py:2/3`` (its second third).
-_TEST_PART = re.compile(r"^(?P<file>[a-z_0-9]+\.py)(?::(?P<part>\d+)/(?P<parts>\d+))?$")
+_TEST_PART = re.compile(
+    r"^(?P<file>[a-z_0-9]+\.py)(?::(?:(?P<part>\d+)/(?P<parts>\d+)|without=(?P<without>[a-z_0-9,]+)))?$"
+)
 
 
 @dataclass(frozen=True)
@@ -52,11 +54,14 @@ class Placement:
 
 @dataclass(frozen=True)
 class TestPart:
-    """A test file, or one of ``parts`` contiguous slices of its tests (``part`` counts from 1)."""
+    """A test file, one of ``parts`` contiguous slices of its tests (``part`` counts from 1), or the
+    file ``without`` some of its tests (an optional feature's, which its own commit adds: the file
+    again, without fewer or none)."""
 
     file: str
     part: int = 1
     parts: int = 1
+    without: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,9 @@ class Commit:
     tests: Tuple[TestPart, ...]
     helpers: Tuple[str, ...]
     edits: Tuple[Edit, ...] = ()
-    exports: bool = False  # torchdata.dataloader2 exports the series' public names
+    #: torchdata.dataloader2 exports the public names of the modules written so far (an optional
+    #: feature's pull request exports its own names).
+    exports: bool = False
     #: Fragments of ``rfc/`` put at named places of upstream's files (see splice.py), and tests
     #: of ``rfc/`` that go beside upstream's own in ``test/dataloader2``.
     fragments: Tuple[str, ...] = ()
@@ -117,7 +124,11 @@ class Manifest:
 def _test_part(spec: str) -> TestPart:
     match = _TEST_PART.match(spec)
     if match is None:
-        raise ManifestError(f"{spec!r} is not 'test_x.py' or 'test_x.py:PART/PARTS'")
+        raise ManifestError(
+            f"{spec!r} is not 'test_x.py', 'test_x.py:PART/PARTS' or 'test_x.py:without=test_a,test_b'"
+        )
+    if match.group("without") is not None:
+        return TestPart(match.group("file"), without=tuple(match.group("without").split(",")))
     if match.group("part") is None:
         return TestPart(match.group("file"))
     part, parts = int(match.group("part")), int(match.group("parts"))
@@ -268,8 +279,11 @@ def check(manifest: Manifest) -> None:
     if len(paths) != len(set(paths)):
         raise ManifestError("two modules are placed at the same path")
     done: Set[str] = {"__init__"}
+    public = {n: m for n, m in public_name_modules().items() if n not in manifest.not_reexported}
+    names_exported: Set[str] = set()
     helpers_done: Set[str] = set()
     parts_done: Dict[str, int] = {}
+    withheld: Dict[str, Set[str]] = {}  # file -> the tests its last commit left out
     for commit in manifest.commits:
         for module in commit.modules:
             if module in done:
@@ -283,9 +297,18 @@ def check(manifest: Manifest) -> None:
                 raise ManifestError(
                     f"{commit.title} exports the public names before the reading service exists"
                 )
+            fresh = {name for name, module in public.items() if module in done} - names_exported
+            if not fresh:
+                raise ManifestError(f"{commit.title} exports no name that is not exported already")
+            names_exported |= fresh
             done.add("__init__")
         helpers_done.update(commit.helpers)
         for test in commit.tests:
+            if test.file in withheld:  # the file again, with some or all of the tests it lacked
+                _check_withheld(test, withheld, commit.title)
+                continue
+            if test.without:
+                _check_withheld(test, withheld, commit.title)
             if parts_done.get(test.file, 0) != test.part - 1:
                 raise ManifestError(f"{test.file} part {test.part} comes before part {test.part - 1}")
             parts_done[test.file] = test.part
@@ -295,8 +318,11 @@ def check(manifest: Manifest) -> None:
             missing_helpers = helper_files(test.file) - helpers_done
             if missing_helpers:
                 raise ManifestError(f"{test.file} ({commit.title}) needs helpers {sorted(missing_helpers)}")
-    if sum(c.exports for c in manifest.commits) != 1:
-        raise ManifestError("exactly one commit must have exports = true")
+    left_out = {file: sorted(names) for file, names in withheld.items() if names}
+    if left_out:
+        raise ManifestError(f"tests no commit adds: {left_out}")
+    if set(public) - names_exported:
+        raise ManifestError(f"public names no commit exports: {sorted(set(public) - names_exported)}")
     if done - {"__init__"} != set(manifest.placements):
         raise ManifestError(f"modules in no commit: {sorted(set(manifest.placements) - done)}")
     tests = {p.name for p in TESTS_DIR.glob("test_*.py")}
@@ -309,6 +335,24 @@ def check(manifest: Manifest) -> None:
             if parts_done[part.file] != part.parts:
                 raise ManifestError(f"{part.file} has {part.parts} parts, {parts_done[part.file]} exported")
     _check_pull_requests(manifest)
+
+
+def _check_withheld(test: TestPart, withheld: Dict[str, Set[str]], title: str) -> None:
+    """``test`` leaves out tests of its file (``without``) that exist there, fewer than the file's
+    previous commit left out, if any; ``withheld`` then holds what it leaves out."""
+    if test.parts != 1:
+        raise ManifestError(f"{test.file} ({title}): a file cut into parts cannot leave tests out")
+    names = set(test.without)
+    defined = {
+        node.name
+        for node in ast.parse(test_source(test.file).read_text()).body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+    }
+    if names - defined:
+        raise ManifestError(f"{test.file} ({title}) leaves out tests it lacks: {sorted(names - defined)}")
+    if test.file in withheld and not names < withheld[test.file]:
+        raise ManifestError(f"{test.file} ({title}) adds none of the tests it left out before")
+    withheld[test.file] = names
 
 
 def _check_pull_requests(manifest: Manifest) -> None:

@@ -342,6 +342,22 @@ def _drop_unused_imports(text: str, keep: Sequence[str], only: Optional[Tuple[st
     return "".join(lines)
 
 
+def without_tests(source: str, names: Sequence[str]) -> str:
+    """``source`` without the top-level tests ``names`` (their decorators, the comment block right
+    above them and the blank lines after them): the tests an optional feature's commit adds."""
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    for node in reversed(tree.body):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names:
+            start, end = _start(node), node.end_lineno or node.lineno
+            while start > 0 and lines[start - 1].lstrip().startswith("#"):
+                start -= 1
+            while end < len(lines) and not lines[end].strip():
+                end += 1
+            del lines[start:end]
+    return "".join(lines).rstrip("\n") + "\n"
+
+
 def test_slices(source: str, parts: int) -> List[str]:
     """``source`` cut into ``parts`` cumulative texts: the first holds the file's header (imports,
     helpers) and the first slice of its tests, each next one the tests up to its slice."""

@@ -9,7 +9,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set
 
 import manifest as manifest_module
 from errors import (
@@ -39,6 +39,7 @@ from rewrite import (
     rewrite,
     rewrite_test,
     test_slices,
+    without_tests,
 )
 from splice import splice, target_of
 
@@ -116,6 +117,8 @@ class SeriesWriter:
         self.tools = tools
         self.test_dir = checkout / manifest.test_destination
         self.public = public_name_modules()
+        self.written: Set[str] = set()  # the package's modules written so far
+        self.exported: Set[str] = set()  # the public names torchdata.dataloader2 exports so far
 
     def _write(self, relative: str, text: str) -> str:
         path = self.checkout / relative
@@ -125,6 +128,7 @@ class SeriesWriter:
 
     def module(self, module: str) -> str:
         placement = self.manifest.placement(module)
+        self.written.add(module)
         ours = rewrite(module_path(module).read_text(), self.manifest)
         target = self.checkout / placement.path
         if placement.merge:
@@ -165,9 +169,9 @@ class SeriesWriter:
             raise UpstreamLayoutError(f"{relative} does not hold exactly one {old.strip()!r} to change")
         return self._write(relative, text.replace(old, new))
 
-    def test(self, file: str, part: int, parts: int) -> str:
+    def test(self, file: str, part: int, parts: int, without: Sequence[str] = ()) -> str:
         source = rewrite_test((TESTS_DIR / file).read_text(), self.manifest)
-        text = test_slices(source, parts)[part - 1]
+        text = without_tests(source, without) if without else test_slices(source, parts)[part - 1]
         return self._write(
             f"{self.manifest.test_destination}/{self.manifest.test_name(file)}", LICENSE + text
         )
@@ -182,10 +186,16 @@ class SeriesWriter:
         )
 
     def dataloader2_init(self) -> str:
-        """``torchdata.dataloader2`` exports the series' public names (``__all__`` stays sorted)."""
+        """``torchdata.dataloader2`` exports the public names of the modules written so far that
+        it does not export yet (``__all__`` stays sorted)."""
         init = self.checkout / "torchdata/dataloader2/__init__.py"
         source = init.read_text()
-        exports = sorted(set(self.public) - set(self.manifest.not_reexported))
+        exports = sorted(
+            name
+            for name, module in self.public.items()
+            if module in self.written and name not in {*self.manifest.not_reexported, *self.exported}
+        )
+        self.exported.update(exports)
         by_module: Dict[str, List[str]] = {}
         for name in exports:
             by_module.setdefault(self.manifest.placement(self.public[name]).dotted, []).append(name)
@@ -358,7 +368,7 @@ def _commit_files(writer: SeriesWriter, commit: Commit) -> List[str]:
     if commit.exports:
         paths.append(writer.dataloader2_init())
     paths += [writer.helper(helper) for helper in commit.helpers]
-    paths += [writer.test(t.file, t.part, t.parts) for t in commit.tests]
+    paths += [writer.test(t.file, t.part, t.parts, t.without) for t in commit.tests]
     paths += [writer.fragment_test(name) for name in commit.fragment_tests]
     return list(dict.fromkeys(paths))
 
