@@ -217,6 +217,50 @@ def test_at_the_rfcs_tip_two_workers_answer_snapshot_mid_epoch(series: Path) -> 
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+#: The optional features in torchdata's tree, each added by a pull request of its own: the
+#: option that asks for one, a value that does, the module it needs.
+FEATURES = [
+    ("restart_dead_workers", 1, "torchdata.dataloader2.communication.healing"),
+    ("elastic", True, "torchdata.dataloader2.elastic_start"),
+    ("tensor_pool", True, "torchdata.dataloader2.communication.tensor_pool"),
+]
+
+
+@series_test
+def test_the_checkpointable_pull_request_resumes_without_the_optional_features(series: Path) -> None:
+    """At PR 2's tip none of the optional features' modules exists: an epoch resumes exactly, the
+    pool's default quietly means off, and asking for a feature is refused naming its module."""
+    git(series, "checkout", "-q", "series-2")
+    code = (
+        "import importlib.util, torchdata.dataloader2 as d\n"
+        "from torchdata.datapipes.iter import IterableWrapper\n"
+        f"features = {FEATURES!r}\n"
+        "assert [m for _, _, m in features if importlib.util.find_spec(m)] == []\n"
+        "assert not hasattr(d, 'register_elastic')\n"
+        "rs = d.MultiProcessingReadingService(num_workers=2)\n"
+        "dl = d.DataLoader2(IterableWrapper(range(20)).sharding_filter(), reading_service=rs)\n"
+        "it = iter(dl); head = [next(it) for _ in range(7)]; state = dl.state_dict(); rest = list(it)\n"
+        "dl.shutdown()\n"
+        "again = d.DataLoader2.from_state(state, d.MultiProcessingReadingService(num_workers=2))\n"
+        "assert list(again) == rest, 'resumed exactly'\n"
+        "again.shutdown()\n"
+        "for option, value, module in features:\n"
+        "    try:\n"
+        "        d.MultiProcessingReadingService(num_workers=1, **{option: value})\n"
+        "    except ValueError as e:\n"
+        "        assert str(e).endswith(f'needs {module}, which this installation lacks'), e\n"
+        "    else:\n"
+        "        raise AssertionError(f'{option} was not refused')\n"
+    )
+    try:
+        done = run_in(series, code)
+    finally:
+        git(series, "checkout", "-q", "series")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for _, _, module in FEATURES:
+        assert (series / (module.replace(".", "/") + ".py")).is_file(), f"{module} at the stack's tip"
+
+
 @series_test
 def test_every_commit_imports_on_its_own(series: Path) -> None:
     check = tool("check")
