@@ -18,8 +18,9 @@ import pickle
 import sys
 import threading
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Type, cast
 
+from torch.utils.data import IterDataPipe as _TorchIterDataPipe
 from torch.utils.data.datapipes.iter.combinatorics import ShufflerIterDataPipe
 from torch.utils.data.datapipes.iter.grouping import UnBatcherIterDataPipe
 from torch.utils.data.datapipes.utils.common import get_file_pathnames_from_root
@@ -109,8 +110,9 @@ def _own_message(exception: BaseException) -> str:
     return str(exception).split(_HOOK_NOTE, 1)[0]
 
 
-#: The placeholder DataLoader2 puts where the dispatched part of a graph was.
-DispatchPlaceholder = _DummyIterDataPipe
+#: The placeholder DataLoader2 puts where the dispatched part of a graph was; typed as torch's
+#: IterDataPipe, which ``find_dps`` expects (torchdata's generated stubs declare their own).
+DispatchPlaceholder = cast(Type[_TorchIterDataPipe], _DummyIterDataPipe)
 
 #: The DataPipe ``random_split`` shares between its outputs (its ``weights`` are those left in
 #: the epoch: they change as it draws).

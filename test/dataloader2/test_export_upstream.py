@@ -102,6 +102,11 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "[tool.usort]\nfirst_party_detection = false\n\n"
         '[tool.black]\nline-length = 120\ntarget-version = ["py39"]\n'
     )
+    # mypy as upstream's CI runs it: its package, untyped bodies checked, third parties untyped.
+    (repo / "mypy.ini").write_text(
+        "[mypy]\nfiles = torchdata\nexclude = examples, test, packaging\ncheck_untyped_defs = True\n"
+        "show_error_codes = True\nignore_missing_imports = True\n"
+    )
     env = {**os.environ, **IDENTITY}
     for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "torchdata"], ["tag", TAG]):
         subprocess.run(["git", *command], cwd=repo, check=True, env=env, capture_output=True)
@@ -291,6 +296,20 @@ def test_the_series_passes_upstreams_formatters_and_flake8(series: Path, tools_b
     assert upgraded.returncode == 0 and git(series, "status", "--porcelain") == "", (
         "pyupgrade has nothing left to do"
     )
+
+
+@series_test
+def test_the_series_type_checks_with_torchdatas_mypy_settings(series: Path, tools_bin: Path) -> None:
+    check = tool("check")
+    report = check.Report()
+    files = [
+        p
+        for p in git(series, "diff", "--name-only", "--diff-filter=AM", f"{TAG}..series").splitlines()
+        if p.endswith(".py")
+    ]
+    git(series, "checkout", "-q", "series")
+    check.check_mypy(series, files, tools_bin, report)
+    assert report.problems == [] and report.notes == ["mypy: 0 errors in the series' files"]
 
 
 @series_test

@@ -87,10 +87,10 @@ class ElementProgress:
         """The progress of ``datapipe``'s expander after ``sf``, if it has one (in a chain)."""
         chain = chain_after(sf, datapipe)
         at = _expander_at(chain) if isinstance(chain, list) else -1
-        if at < 0 or not isinstance(chain[at], Expander):
+        expander = chain[at] if at >= 0 else None
+        if not isinstance(expander, Expander):
             return None
-        expander, *after = chain[at:]
-        return cls(expander, [dp for dp in after if hasattr(dp, "held_items")], sf)
+        return cls(expander, [dp for dp in chain[at + 1 :] if hasattr(dp, "held_items")], sf)
 
     def partial(self) -> int:
         """At a yield point of the graph: the items of the expander's current element handed on
@@ -122,5 +122,7 @@ def with_counting_expander(datapipe: DataPipe) -> DataPipe:
     graph = traverse_dps(datapipe)
     for dp in chain[at:]:
         if type(dp) in EXPANDING or type(dp) in HOLDING_ONE:
-            graph = replace_dp(graph, dp, RESUMABLE_ADAPTERS[type(dp)](dp))
+            counting = RESUMABLE_ADAPTERS[type(dp)](dp)
+            if counting is not None:  # (else nothing counts: an elastic restore refuses the state)
+                graph = replace_dp(graph, dp, counting)
     return next(iter(graph.values()))[0]

@@ -26,7 +26,7 @@ must record how far it read.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, cast
 
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter.fileopener import FileOpenerIterDataPipe
@@ -221,7 +221,7 @@ def _attach_decompressed(file_type: Optional[str]) -> Callable[[_PerElement], At
             inner = origin_of(element[1])
             if inner is None:
                 return item
-            kind = file_type or compression_type(each.instance(element), element[0])
+            kind = file_type or compression_type(cast(Decompressor, each.instance(element)), element[0])
             return item[0], with_origin(item[1], DecompressedOrigin(inner, kind))
 
         return attach

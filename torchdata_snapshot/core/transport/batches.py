@@ -13,7 +13,8 @@ from __future__ import annotations
 from array import array
 from typing import Any, Deque, List, Optional, cast
 
-from torchdata_snapshot._compat import ExceptionWrapper
+from torchdata._utils import ExceptionWrapper
+
 from torchdata_snapshot._constants import SMALL_ITEMS_MAX_WINDOW
 from torchdata_snapshot.core.messages import (
     ItemsResponse,

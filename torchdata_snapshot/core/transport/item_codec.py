@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import pickle
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Callable, List, Optional, Protocol, Tuple
+from typing import Any, List, Optional, Protocol, Tuple
 
 from torchdata_snapshot._compat import shared_memory_types
 
@@ -152,5 +152,6 @@ class ItemDecoder:
         # One unpickler per item: the encoder clears its memo after every item, and an
         # unpickler that outlived an item would number its memo entries differently.
         stream = io.BytesIO(payload)
-        load: Callable[[io.BytesIO], Any] = pickle.load if pool is None else pool.load
-        return [load(stream) for _ in range(count)]
+        if pool is None:
+            return [pickle.load(stream) for _ in range(count)]
+        return [pool.load(stream) for _ in range(count)]
