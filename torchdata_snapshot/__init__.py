@@ -4,7 +4,7 @@ Swap one import::
 
     from torchdata_snapshot import MultiProcessingReadingService
 
-and every upstream behaviour keeps working, plus :meth:`MultiProcessingReadingService.snapshot`;
+and every behaviour of DataLoader2's keeps working, plus :meth:`MultiProcessingReadingService.snapshot`;
 :func:`load_state_dict` resumes a checkpoint with the pipeline the code builds now.
 
 The package logs through :mod:`logging`, under the logger ``torchdata_snapshot`` (one child per

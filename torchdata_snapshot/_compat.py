@@ -24,7 +24,7 @@ from torch.utils.data import IterDataPipe as _TorchIterDataPipe
 from torch.utils.data.datapipes.iter.combinatorics import ShufflerIterDataPipe
 from torch.utils.data.datapipes.iter.grouping import UnBatcherIterDataPipe
 from torch.utils.data.datapipes.utils.common import get_file_pathnames_from_root
-from torchdata._utils import ExceptionWrapper as _UpstreamExceptionWrapper
+from torchdata._utils import ExceptionWrapper as _TorchdataExceptionWrapper
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.graph._serialization import attach_wrapper, extract_wrapper
 from torchdata.dataloader2.graph.utils import _find_replicable_branches
@@ -77,10 +77,10 @@ class RemoteTraceback(Exception):
     exception re-raised from it in this one."""
 
 
-class ExceptionWrapper(_UpstreamExceptionWrapper):
-    """Upstream's wrapper of an exception raised in a worker (or a thread), which its
-    ``reraise()`` raises in the main process. An exception of the user's pipeline is re-raised as
-    upstream does (its type, its message ``Caught ValueError in worker process 1.`` followed by
+class ExceptionWrapper(_TorchdataExceptionWrapper):
+    """``torchdata._utils.ExceptionWrapper``: an exception raised in a worker (or a thread), which
+    its ``reraise()`` raises in the main process. An exception of the user's pipeline is re-raised
+    as torchdata does (its type, its message ``Caught ValueError in worker process 1.`` followed by
     the worker's traceback). One of this package's (a :class:`ReadingServiceError`, such as
     ``ChangedFileError``: its message says what happened and what to do) is re-raised with that
     message only, the worker's traceback as its cause (``raise ... from``), so that the last
@@ -120,16 +120,16 @@ RandomSplitterIterDataPipe = _RandomSplitterIterDataPipe
 
 
 def compression_type(decompressor: DecompressorIterDataPipe, path: str) -> str:
-    """The name of the compression upstream's ``Decompressor`` applies to the file at ``path``."""
+    """The name of the compression torchdata's ``Decompressor`` applies to the file at ``path``."""
     return str(decompressor._detect_compression_type(path).value)
 
 
 def decompressor_of(file_type: str) -> Callable[[Any], Any]:
-    """Upstream ``Decompressor``'s function for the compression named ``file_type``."""
+    """``Decompressor``'s function for the compression named ``file_type``."""
     return DecompressorIterDataPipe._DECOMPRESSORS[DecompressorIterDataPipe.types(file_type)]
 
 
-#: Upstream ``WebDataset``'s split of a member's path into ``(key, extension)``.
+#: ``WebDataset``'s split of a member's path into ``(key, extension)``.
 webdataset_pathsplit: Callable[[str], Tuple[str, str]] = pathsplit
 
 
@@ -150,23 +150,23 @@ def iterator_id(dp: DataPipe) -> Optional[int]:
 
 
 def shuffler_settings(dp: ShufflerIterDataPipe) -> Tuple[bool, Optional[int]]:
-    """``(enabled, seed for the next iteration)`` of an upstream ``Shuffler``."""
+    """``(enabled, seed for the next iteration)`` of torchdata's ``Shuffler``."""
     return dp._enabled, dp._seed
 
 
 def text_reader_setting(dp: DataPipe, name: str) -> Any:
-    """Constructor argument ``name`` (``strip_newline``, ``encoding``, ...) of upstream's
+    """Constructor argument ``name`` (``strip_newline``, ``encoding``, ...) of torchdata's
     ``LineReader``, ``CSVParser`` or ``CSVDictParser``: they keep them in a private helper."""
     return getattr(dp._helper, f"_{name}")
 
 
-#: Upstream ``UnBatcher``'s expansion of one element, borrowed as a method by a class with an
+#: ``UnBatcher``'s expansion of one element, borrowed as a method by a class with an
 #: ``unbatch_level`` attribute: ``self._dive(element, unbatch_level=...)``.
 unbatch_dive: Callable[..., Iterator[Any]] = UnBatcherIterDataPipe._dive
 
 
 def flatmap_expand(dp: FlatMapperIterDataPipe) -> Callable[[Any, Any], Iterable[Any]]:
-    """Upstream ``FlatMapper``'s per-element function (``input_col`` handling included), called
+    """``FlatMapper``'s per-element function (``input_col`` handling included), called
     as ``fn(holder, element)`` where ``holder`` has ``fn`` and ``input_col``."""
     return type(dp)._apply_fn
 
@@ -177,7 +177,7 @@ _SEED_ENGINES = (("shared", "_shared_rng"), ("worker", "_worker_rng"))
 
 def seed_engine_states(generator: SeedGenerator) -> Dict[str, Dict[str, Any]]:
     """``{"shared": fields, "worker": fields}``: each engine's ``seed``, ``ctr``, ``generated``
-    (cached draws, or ``None``) and ``spawn_seed``, as upstream keeps them."""
+    (cached draws, or ``None``) and ``spawn_seed``, as ``SeedGenerator`` keeps them."""
     states = {}
     for key, name in _SEED_ENGINES:
         engine = getattr(generator, name)

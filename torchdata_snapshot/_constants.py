@@ -75,8 +75,8 @@ READ_AHEAD_S = 0.002
 #: hundreds of megabytes, and fresh memory for every one of them costs page faults).
 READ_AHEAD_BYTES = 16 << 20
 
-#: How often a pause rechecks an upstream ``Prefetcher``'s ``paused`` flag while its thread lives
-#: (the thread sets a flag and signals nothing else; upstream rechecks every 10 ms).
+#: How often a pause rechecks torchdata's ``Prefetcher``'s ``paused`` flag while its thread lives
+#: (the thread sets a flag and signals nothing else; ``Prefetcher.pause()`` rechecks every 10 ms).
 PREFETCHER_PAUSE_CHECK_S = 0.001
 
 #: The tensor pool (on by default where the platform has it): the most a slot, which holds the

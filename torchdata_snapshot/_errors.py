@@ -20,7 +20,7 @@ questions that matter on a bad day: "did a process fail?" and "does this checkpo
         └── ReplayDivergenceError        replay did not reproduce the recorded items
 
 Errors raised by the user's own DataPipes inside a worker are re-raised in the main process
-with their original type and the worker's traceback, as upstream DataLoader2 does; they are
+with their original type and the worker's traceback, as DataLoader2 does; they are
 not wrapped in these classes.
 
 Each class has an entry in docs/troubleshooting.rst (what causes it, what to do), whose anchor is

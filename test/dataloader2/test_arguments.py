@@ -80,7 +80,7 @@ def streams() -> Any:  # built, never read: the tests here compare arguments
 
 
 def routed_decoder(*handlers: Any, **kwargs: Any) -> Any:
-    with warnings.catch_warnings():  # RoutedDecoder is deprecated upstream
+    with warnings.catch_warnings():  # RoutedDecoder is deprecated in torchdata
         warnings.simplefilter("ignore", FutureWarning)
         return RoutedDecoder(streams(), *handlers, **kwargs)
 

@@ -333,7 +333,7 @@ def test_a_worker_replaced_in_an_elastic_epoch_keeps_its_elements(
 def test_gather_elastic_state_refuses_what_is_not_a_state_dict_of_ours() -> None:
     from torchdata_snapshot import InvalidCheckpointError, gather_elastic_state
 
-    for not_ours in ({}, {"reading_service_state": b"upstream's bytes"}):
+    for not_ours in ({}, {"reading_service_state": b"another reading service's bytes"}):
         with pytest.raises(InvalidCheckpointError, match="not a DataLoader2.state_dict"):
             gather_elastic_state(not_ours)
     with pytest.raises(InvalidCheckpointError, match="not a checkpoint of this reading service"):

@@ -9,7 +9,7 @@ from torch.utils.data._utils.worker import ExceptionWrapper  # what carries a wo
 from torchdata_snapshot import _errors as errors
 
 #: The reading service's exceptions: the classes the module exports. In torchdata's tree their
-#: module (dataloader2/error.py) also holds upstream's PauseIteration, a StopIteration that
+#: module (dataloader2/error.py) also holds torchdata's PauseIteration, a StopIteration that
 #: signals a pause, not an error, and lists every public name (TROUBLESHOOTING too).
 ERRORS = [
     name

@@ -23,7 +23,7 @@ import pytest
 
 from torchdata_snapshot import MultiProcessingReadingService
 
-#: How long a script may take to exit once it leaves its training loop. Upstream's reading
+#: How long a script may take to exit once it leaves its training loop. DataLoader2's reading
 #: service takes about 2 s; a process that hangs never exits at all.
 EXIT_LIMIT_S = 15.0
 

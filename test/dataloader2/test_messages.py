@@ -1,4 +1,4 @@
-"""Messages: small frozen dataclasses beside upstream's, picklable across processes."""
+"""Messages: small frozen dataclasses beside the queue-based loop's, picklable across processes."""
 
 import dataclasses
 import inspect
@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 from torchdata._utils import ExceptionWrapper
-from torchdata.dataloader2.communication import messages as upstream
+from torchdata.dataloader2.communication import messages as roots
 from torchdata.dataloader2.random import SeedGenerator
 
 from torchdata_snapshot.core import messages as m
@@ -56,12 +56,10 @@ EXAMPLES = [
 
 def test_every_exported_message_has_an_example() -> None:
     # The protocol's messages are the dataclass requests and responses (the roots, and in
-    # torchdata's tree the messages only upstream's queue-based loop uses, are plain classes);
+    # torchdata's tree the messages only the queue-based loop uses, are plain classes);
     # the other dataclasses are what messages carry.
     exported = {name for name in m.__all__ if dataclasses.is_dataclass(getattr(m, name))}
-    messages = {
-        name for name in exported if issubclass(getattr(m, name), (upstream.Request, upstream.Response))
-    }
+    messages = {name for name in exported if issubclass(getattr(m, name), (roots.Request, roots.Response))}
     assert messages == {type(msg).__name__ for msg in EXAMPLES}
     assert exported - messages == {"ElasticEpoch", "Level"}
 
@@ -85,10 +83,10 @@ def test_messages_round_trip_through_pickle(message: object) -> None:
 
 
 @pytest.mark.parametrize("message", EXAMPLES, ids=lambda msg: type(msg).__name__)
-def test_messages_sit_beside_upstreams(message: object) -> None:
-    # isinstance checks written against upstream's message roots keep working.
+def test_messages_derive_from_the_message_roots(message: object) -> None:
+    # isinstance checks written against the message roots (Request, Response) keep working.
     name = type(message).__name__
-    root = upstream.Request if name.endswith("Request") else upstream.Response
+    root = roots.Request if name.endswith("Request") else roots.Response
     assert name.endswith(("Request", "Response"))
     assert isinstance(message, root)
 
@@ -108,8 +106,8 @@ def test_get_state_response_takes_the_queue_based_loops_arguments() -> None:
     assert m.GetStateResponse(snapshot).dispatcher == ()
 
 
-#: The messages upstream's queue-based loop has too, with its positional arguments.
-UPSTREAMS_ARGUMENTS = {
+#: The messages the queue-based loop has too, with its positional arguments.
+QUEUE_LOOP_ARGUMENTS = {
     "ResetEpochRequest": ("seed_generator", "iter_reset_fn"),
     "ResetEpochResponse": (),
     "LimitRequest": ("num_batches", "limit_fn", "worker_num_batches"),
@@ -126,22 +124,22 @@ UPSTREAMS_ARGUMENTS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(UPSTREAMS_ARGUMENTS))
-def test_the_table_is_upstreams(name: str) -> None:
-    # Beside upstream (this package) the classes are upstream's own; in torchdata's tree, where
+@pytest.mark.parametrize("name", sorted(QUEUE_LOOP_ARGUMENTS))
+def test_the_table_is_the_queue_loops(name: str) -> None:
+    # In the add-on the classes are torchdata's own; in torchdata's tree, where
     # ours replace them, the module is ours and the table is checked against ours.
-    params = inspect.signature(getattr(upstream, name).__init__).parameters
+    params = inspect.signature(getattr(roots, name).__init__).parameters
     positional = [p.name for p in params.values() if p.name != "self" and p.kind is p.POSITIONAL_OR_KEYWORD]
-    assert positional[: len(UPSTREAMS_ARGUMENTS[name])] == list(UPSTREAMS_ARGUMENTS[name])
+    assert positional[: len(QUEUE_LOOP_ARGUMENTS[name])] == list(QUEUE_LOOP_ARGUMENTS[name])
 
 
-@pytest.mark.parametrize("name", sorted(UPSTREAMS_ARGUMENTS))
-def test_a_message_upstream_also_has_takes_upstreams_arguments_in_upstreams_order(name: str) -> None:
-    # Upstream's queue-based loop could build and read ours: same positional parameters, same
+@pytest.mark.parametrize("name", sorted(QUEUE_LOOP_ARGUMENTS))
+def test_a_message_the_queue_loop_also_has_takes_its_arguments_in_its_order(name: str) -> None:
+    # The queue-based loop could build and read ours: same positional parameters, same
     # attribute names; our new fields come after, with defaults.
-    values = [object() for _ in UPSTREAMS_ARGUMENTS[name]]
+    values = [object() for _ in QUEUE_LOOP_ARGUMENTS[name]]
     ours = getattr(m, name)(*values)
-    for param, value in zip(UPSTREAMS_ARGUMENTS[name], values):
+    for param, value in zip(QUEUE_LOOP_ARGUMENTS[name], values):
         assert getattr(ours, param) is value, f"{name}.{param}"
     assert dataclasses.is_dataclass(ours)
-    assert issubclass(getattr(m, name), upstream.Request if name.endswith("Request") else upstream.Response)
+    assert issubclass(getattr(m, name), roots.Request if name.endswith("Request") else roots.Response)

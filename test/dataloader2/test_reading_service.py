@@ -25,7 +25,7 @@ from pipelines import (
     worker_processes,
 )
 from torchdata.dataloader2 import DataLoader2
-from torchdata.dataloader2 import MultiProcessingReadingService as UpstreamMPRS
+from torchdata.dataloader2 import MultiProcessingReadingService as TorchdataMPRS
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import IterableWrapper
 
@@ -58,9 +58,9 @@ def assert_consistent(snaps: List[WorkerSnapshot], num_workers: int, delivered: 
 # --- drop-in -------------------------------------------------------------------------------------
 
 
-def test_is_an_upstream_reading_service_with_the_same_defaults() -> None:
-    ours, theirs = MultiProcessingReadingService(), UpstreamMPRS(num_workers=1)
-    assert isinstance(ours, UpstreamMPRS)
+def test_is_a_torchdata_reading_service_with_the_same_defaults() -> None:
+    ours, theirs = MultiProcessingReadingService(), TorchdataMPRS(num_workers=1)
+    assert isinstance(ours, TorchdataMPRS)
     for name in (
         "multiprocessing_context",
         "worker_prefetch_cnt",
@@ -140,7 +140,7 @@ def test_same_seed_same_epochs_and_epochs_differ(make_dl: Any) -> None:
 
 
 def test_more_workers_than_items(make_dl: Any) -> None:
-    # Upstream raises "Can not request next item while we are still waiting response" here.
+    # The queue-based loop raises "Can not request next item while we are still waiting response" here.
     assert sorted(run_epochs(make_dl, tiny(3), rs(4, worker_prefetch_cnt=0, main_prefetch_cnt=0))[1]) == [
         0,
         2,
@@ -149,7 +149,7 @@ def test_more_workers_than_items(make_dl: Any) -> None:
 
 
 def test_breaking_out_of_an_epoch_and_starting_a_new_one(make_dl: Any) -> None:
-    # Upstream can kill a worker and deadlock here, or raise "Can not expect any response
+    # The queue-based loop can kill a worker and deadlock here, or raise "Can not expect any response
     # without submitted request".
     reference = run_epochs(make_dl, tiny(50), rs(2), epochs=3)
     dl = make_dl(tiny(50), rs(2))

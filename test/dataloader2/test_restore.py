@@ -255,7 +255,7 @@ class TestReaderArgumentsOfARestore(TestCase):
         self.assertEqual(list(resumed), rest)
 
 
-def test_a_state_from_upstreams_reading_service_is_refused(make_dl: Any) -> None:
+def test_a_state_from_torchdatas_reading_service_is_refused(make_dl: Any) -> None:
     from torchdata.dataloader2 import SequentialReadingService
 
     dl = make_dl(tiny(20), SequentialReadingService(rs(2)))
@@ -384,10 +384,10 @@ def test_load_state_dict_keeps_the_pipeline_the_loader_was_built_with(make_dl: A
     take(it, 7)
     state = moved_onto(dl.state_dict(), tiny(30).batch(2))  # pickled: another pipeline
     rest = list(it)
-    upstreams = make_dl(tiny(30), rs(2), seed=None)
-    upstreams.load_state_dict(state)
+    plain = make_dl(tiny(30), rs(2), seed=None)
+    plain.load_state_dict(state)
     with pytest.raises(IncompatibleCheckpointError, match="another pipeline"):
-        iter(upstreams)
+        iter(plain)
     ours = make_dl(tiny(30), rs(2), seed=None)
     load_state_dict(ours, state)
     assert ours.state_dict() is state, "state_dict() before iter() is the state loaded"
@@ -456,7 +456,7 @@ def test_state_dict_after_shutdown_is_refused(make_dl: Any) -> None:
 
 
 def test_no_runtime_attribute_shadows_a_method(make_dl: Any) -> None:
-    # A runtime attribute named like one of upstream's methods (``_resume``, ``_pause``, ...)
+    # A runtime attribute named like one of torchdata's methods (``_resume``, ``_pause``, ...)
     # would silently replace it: DataLoader2 calls those by name.
     dl = make_dl(tiny(10), rs(2))
     take(iter(dl), 3)

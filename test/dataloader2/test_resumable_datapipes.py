@@ -1,4 +1,4 @@
-"""Resumable equivalents, on their own: each yields what its upstream DataPipe yields, and a new
+"""Resumable equivalents, on their own: each yields what its original DataPipe yields, and a new
 chain loaded with the states a chain reported after k items yields the rest, exactly."""
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ def _shuffled(source: Callable[[Sequence[Any]], IterDataPipe], _: Path) -> IterD
     return source(range(30)).shuffle(buffer_size=8).set_seed(7)
 
 
-#: Upstream type name -> the upstream DataPipe over ``source(items)`` leaves (a resumable wrapper
-#: or upstream's ``IterableWrapper``); ``tmp`` holds files for ``FileLister``.
+#: Type name -> the original DataPipe over ``source(items)`` leaves (a resumable wrapper
+#: or torchdata's ``IterableWrapper``); ``tmp`` holds files for ``FileLister``.
 BUILDS: Dict[str, Build] = {
     "ShufflerIterDataPipe": _shuffled,
     "UnBatcherIterDataPipe": lambda source, _: source(range(12)).batch(5).unbatch(),
@@ -70,9 +70,9 @@ def test_every_adapted_type_is_exercised() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(BUILDS))
-def test_the_equivalent_yields_what_upstream_yields(name: str, tmp: Path) -> None:
-    upstream = _chain(BUILDS[name], tmp, resumable=False)[-1]
-    assert list(_chain(BUILDS[name], tmp, resumable=True)[-1]) == list(upstream)
+def test_the_equivalent_yields_what_the_original_yields(name: str, tmp: Path) -> None:
+    original = _chain(BUILDS[name], tmp, resumable=False)[-1]
+    assert list(_chain(BUILDS[name], tmp, resumable=True)[-1]) == list(original)
 
 
 @pytest.mark.parametrize("name", sorted(BUILDS))

@@ -1,4 +1,4 @@
-"""Stateful restore, DataPipe by DataPipe: the equivalents yield exactly what upstream's DataPipes
+"""Stateful restore, DataPipe by DataPipe: the equivalents yield exactly what torchdata's DataPipes
 yield, and a graph loaded with a state captured after k items yields exactly the rest."""
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def epochs(dp: IterDataPipe, state: GraphState, count: int, first_epoch: int = 0
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_the_equivalents_yield_exactly_what_upstream_yields(shape: str) -> None:
+def test_the_equivalents_yield_exactly_what_the_originals_yield(shape: str) -> None:
     assert GraphState().unresumable(SHAPES[shape]()) is None
     assert epochs(*resumable(SHAPES[shape]()), 3) == epochs(SHAPES[shape](), GraphState(), 3)
 
@@ -190,7 +190,7 @@ def test_the_sharding_filter_is_kept_so_that_seeding_still_finds_it() -> None:
 
     dp, _ = resumable(SHAPES["shuffle_before_sharding"]())
     kinds = [type(d) for _, d in graph_datapipes(dp)]
-    assert ShardingFilterIterDataPipe in kinds, "upstream's ShardingFilter stays in the graph"
+    assert ShardingFilterIterDataPipe in kinds, "torchdata's ShardingFilter stays in the graph"
     assert len(kinds) == 3, "and nothing is inserted under it"
 
 

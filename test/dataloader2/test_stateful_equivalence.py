@@ -314,7 +314,7 @@ def test_every_registered_datapipe_is_covered(compositions: Dict[str, Build]) ->
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_each_composition_is_resumable_and_yields_what_upstream_yields(
+def test_each_composition_is_resumable_and_yields_what_the_original_yields(
     compositions: Dict[str, Build], name: str
 ) -> None:
     build = compositions[name]

@@ -106,7 +106,7 @@ class Reading:
 
     def record(self, datapipe: DataPipe) -> Dict[str, Any]:
         """The DataPipe's arguments, by name, in their compared form. One of ``read`` that the
-        DataPipe does not have (an upstream release that keeps it elsewhere) is not recorded."""
+        DataPipe does not have (a torchdata release that keeps it elsewhere) is not recorded."""
         values = _attribute_values(datapipe)
         for name, read in self.read.items():
             try:
@@ -172,7 +172,7 @@ def _parameters(cls: type) -> List[str]:
 
 
 def _text_settings(*names: str) -> Dict[str, Read]:
-    """Upstream's text readers keep their arguments in a private helper object."""
+    """torchdata's text readers keep their arguments in a private helper object."""
     return {name: functools.partial(text_reader_setting, name=name) for name in names}
 
 
@@ -311,7 +311,7 @@ def _json_settings() -> Dict[str, Read]:
 
 def _file_mode(mode: Any) -> Any:
     """``open()``'s reading modes as ``FileOpener`` takes them: ``"r"`` and ``"t"`` are ``"rt"``,
-    ``"b"`` is ``"rb"`` (upstream prefixes the last two with ``"r"``)."""
+    ``"b"`` is ``"rb"`` (the readers prefix the last two with ``"r"``)."""
     return {"r": "rt", "t": "rt", "b": "rb"}.get(mode, mode) if isinstance(mode, str) else mode
 
 

@@ -206,7 +206,7 @@ class Checkpoint:
             raise InvalidCheckpointError(
                 "the reading-service state is bytes, not the plain dict that "
                 "MultiProcessingReadingService.checkpoint() returns: it was taken with another "
-                "reading service (upstream's MultiProcessingReadingService has no mid-epoch state)"
+                "reading service (torchdata's MultiProcessingReadingService has no mid-epoch state)"
             )
         if not isinstance(state, dict):
             raise InvalidCheckpointError(

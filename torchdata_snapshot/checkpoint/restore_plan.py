@@ -142,7 +142,7 @@ def rewind(pending: Optional[PendingRestore], seed_generator: SeedGenerator) -> 
     at_saved_epochs_start = seed_state(seed_generator) == pending.checkpoint.seed
     if at_saved_epochs_start and not drawn_by_unseeded_dataloader2(seed_generator):
         # DataLoader2._restore_checkpoint_beginning_of_epoch() hands over the generator as it
-        # was when the saved epoch started: upstream's meaning is to replay that epoch from
+        # was when the saved epoch started: torchdata's meaning is to replay that epoch from
         # its beginning, so it starts afresh, with those seeds. (Unseeded, DataLoader2 draws
         # a new generator at every iter(), which that call cannot change; a fresh process may
         # draw the saved epoch's by chance: the epoch still resumes where it stopped.)

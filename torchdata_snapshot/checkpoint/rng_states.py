@@ -4,7 +4,7 @@ With workers, DataLoader2 seeds ``random``, ``torch`` and ``numpy`` inside each 
 so map functions that use these global RNGs are reproducible. With ``num_workers=0`` the
 pipeline shares the main process's global RNGs with the training loop (dropout, weight init,
 ...): whatever the loop draws between two items changes the data, and a restored run, whose
-loop drew differently, cannot replay the same items. Upstream left this as a TODO
+loop drew differently, cannot replay the same items. DataLoader2 left this as a TODO
 ("add a method to isolate global RNGs").
 
 :class:`IsolatedRNG` keeps the pipeline's own copy of the three global states: every step of

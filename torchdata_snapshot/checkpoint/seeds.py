@@ -61,12 +61,12 @@ def advance_epoch_seed(seed_generator: SeedGenerator) -> None:
     of the generator DataLoader2 hands to ``initialize_iteration``, nothing else: no epoch
     counter is mixed in, so re-seeding DataLoader2's generator the same way (``dl.seed(s)``, or
     without it the global ``torch`` seed ``iter()`` draws it from) repeats an epoch exactly.
-    Upstream's MPRS seeds workers with ``seed_generator.spawn(worker_id)``, which does not
-    advance the generator: with ``dl.seed(s)``, unless a random DataPipe runs in the main
-    process, every epoch got the same seeds and repeated the same shuffle. Here the shared
-    stream moves by one draw, and the per-process stream (whose spawns depend on how it was
-    seeded, not on its draws) is replaced by its spawn at an index drawn from itself, which
-    keeps the rank-specific part ``DistributedReadingService`` put there.
+    torchdata's MultiProcessingReadingService seeds workers with
+    ``seed_generator.spawn(worker_id)``, which does not advance the generator: with ``dl.seed(s)``,
+    unless a random DataPipe runs in the main process, every epoch got the same seeds and repeated
+    the same shuffle. Here the shared stream moves by one draw, and the per-process stream (whose
+    spawns depend on how it was seeded, not on its draws) is replaced by its spawn at an index
+    drawn from itself, which keeps the rank-specific part ``DistributedReadingService`` put there.
     """
     seed_generator.generate_shared_seed()
     seed_generator.spawn(seed_generator.generate_seed(), inplace=True)

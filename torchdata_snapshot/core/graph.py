@@ -44,7 +44,7 @@ def graph_datapipes(datapipe: DataPipe) -> List[Tuple[str, DataPipe]]:
 
 
 def datapipe_yields(graph: List[Tuple[str, DataPipe]]) -> Dict[str, int]:
-    """How many items each DataPipe of ``graph`` yielded this epoch (upstream's own counter)."""
+    """How many items each DataPipe of ``graph`` yielded this epoch (torchdata's own counter)."""
     return {key: samples_yielded(dp) for key, dp in graph}
 
 
@@ -56,10 +56,10 @@ def pausable(datapipes: Iterable[DataPipe]) -> List[DataPipe]:
 def pause_datapipe(dp: DataPipe) -> None:
     """``dp.pause()``, except that pausing torchdata's ``Prefetcher`` cannot hang.
 
-    Upstream's ``Prefetcher.pause()`` waits until its thread reports that it stopped producing.
+    ``Prefetcher.pause()`` waits until its thread reports that it stopped producing.
     A thread whose source has just ended reports it once and then exits: after a ``resume()``
     (which clears the report) within those last milliseconds, the next ``pause()`` waited forever
-    (upstream's own ``test_reading_service_limit`` with ``prefetch().prefetch()`` over 10 items
+    (test_mprs.py's ``test_reading_service_limit`` with ``prefetch().prefetch()`` over 10 items
     hit it). A thread that has ended, or whose source has ended, produces nothing more: it is
     paused as well.
     """

@@ -38,7 +38,7 @@ def load_state_dict(dataloader: DataLoader2, state: Dict[str, Any]) -> None:
     one that is not. Under ``SequentialReadingService`` the checks wait for the first ``iter()``
     (the sharding its other services apply is part of them); they still come before any worker.
 
-    ``state_dict()`` returns ``state`` until the next ``iter()``, as after upstream's calls.
+    ``state_dict()`` returns ``state`` until the next ``iter()``, as after torchdata's calls.
 
     Args:
         dataloader: a ``DataLoader2`` not iterated yet, built with the pipeline to resume and a

@@ -1,12 +1,11 @@
 """Request and response messages between the main process, the workers and the dispatcher.
 
-They extend upstream's ``torchdata.dataloader2.communication.messages``: they derive from its
-``Request``/``Response`` roots, and a message that upstream also has takes upstream's arguments
-first, in upstream's order, its new fields after them with defaults; so upstream's queue-based
-loop could send and read these very classes (in torchdata's tree they replace upstream's). With
-the requests upstream's snapshot RFC asked for (``GetStateRequest``/``GetStateResponse``;
-see the docs' design page) and what streaming
-and restore need. Every message is a small frozen dataclass.
+They extend the messages of the queue-based loop (``torchdata.dataloader2.communication.messages``):
+they derive from its ``Request``/``Response`` roots, and a message that the queue-based loop also
+has takes its arguments first, in its order, its new fields after them with defaults; so that loop
+could send and read these very classes (in torchdata's tree they replace its own). With the
+requests the snapshot RFC (pytorch/data#1039) asked for (``GetStateRequest``/``GetStateResponse``;
+see the docs' design page) and what streaming and restore need. Every message is a small frozen dataclass.
 
 Data moves in batches: a ``GetNextRequest(count=n)`` grants the receiver the right to send ``n``
 more items, and items come back as ``ItemsResponse`` batches, each item pickled on its own so
@@ -51,7 +50,7 @@ position in the worker's item stream.
 
 Streaming under credit
 ----------------------
-Upstream sends one ``GetNextRequest`` per item and waits for its answer. Here the main process
+The queue-based loop sends one ``GetNextRequest`` per item and waits for its answer. Here the main process
 grants *credit*: ``GetNextRequest(epoch, count)`` allows the worker to send ``count`` more items.
 The worker loop produces while it has credit and hands each item, pickled, to its outbox (see
 :mod:`torchdata_snapshot.core.transport.outbox`): one thread that writes everything the worker
@@ -86,7 +85,7 @@ ReplayRequest      load the graph state if given, produce and drop the next ``sk
 GetNextRequest     add credit (ignored if for another epoch)                        (items, states)
 PauseRequest       send what is produced, ``pause()`` DataPipes, apply ``pause_fn`` PauseResponse
 ResumeRequest      apply ``resume_fn``, ``resume()`` DataPipes                      ResumeResponse
-LimitRequest       apply ``limit_fn`` (upstream semantics)                          LimitResponse
+LimitRequest       apply ``limit_fn`` (DataLoader2's semantics)                          LimitResponse
 GetStateRequest    pause threaded DataPipes, capture counts and states, resume     GetStateResponse
 TerminateRequest   stop serving                                                     TerminateResponse
 anything else      --                                                               ErrorResponse
@@ -267,7 +266,7 @@ class ReplayProgressResponse(Response):
 class GetNextRequest(Request):
     """Credit: the receiver may send ``count`` more items of epoch ``epoch``.
 
-    Unlike upstream's one-request-one-item ``GetNextRequest``, credits accumulate; the window of
+    Unlike the queue-based loop's one-request-one-item ``GetNextRequest``, credits accumulate; the window of
     outstanding credit is what prefetching means in this protocol.
     """
 
@@ -344,7 +343,7 @@ class ErrorResponse(Response):
 
 @dataclass(frozen=True)
 class PauseRequest(Request):
-    """Stop producing after the current item; apply ``pause_fn`` to the graph (upstream semantics)."""
+    """Stop producing after the current item; apply ``pause_fn`` to the graph (DataLoader2's semantics)."""
 
     pause_fn: Optional[Callable[[Any], Any]] = None
 
@@ -368,7 +367,7 @@ class ResumeResponse(Response):
 
 @dataclass(frozen=True)
 class LimitRequest(Request):
-    """Upstream's limit: apply ``limit_fn(graph, worker_num_batches)`` inside the process."""
+    """DataLoader2's limit: apply ``limit_fn(graph, worker_num_batches)`` inside the process."""
 
     num_batches: Optional[int]
     limit_fn: Optional[Callable[[Any, Optional[int]], Any]] = None

@@ -1,4 +1,4 @@
-"""``MultiProcessingReadingService``: a drop-in, observable replacement for upstream's.
+"""``MultiProcessingReadingService``: a drop-in, observable replacement for torchdata's own.
 
 The reading service only answers DataLoader2's calls: between ``initialize`` and ``finalize``
 a :class:`~torchdata_snapshot.core.session.Session` holds the graph's
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from torchdata.dataloader2 import reading_service as upstream
+from torchdata.dataloader2 import reading_service as torchdata_rs
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.dataloader2.reading_service import CheckpointableReadingServiceInterface
@@ -67,7 +67,7 @@ class _Plan(NamedTuple):
 
 
 class MultiProcessingReadingService(
-    upstream.MultiProcessingReadingService, CheckpointableReadingServiceInterface
+    torchdata_rs.MultiProcessingReadingService, CheckpointableReadingServiceInterface
 ):
     r"""Runs the replicable part of a ``DataPipe`` graph in worker processes; checkpointable mid-epoch.
 
@@ -110,7 +110,7 @@ class MultiProcessingReadingService(
         isolate_rng: with ``num_workers=0``, give the pipeline its own ``random``/``torch``/
             ``numpy`` global RNG states, seeded like a worker's and swapped in around each item:
             the training loop's draws never change the data and a restored epoch replays exactly
-            (costs and limits: see the contract and performance pages). ``False``: upstream's.
+            (costs and limits: see the contract and performance pages). ``False``: torchdata's.
         read_ahead: with ``num_workers=0`` and ``isolate_rng``, produce items ahead of the user
             within one swap of the RNG states, for throughput on cheap items; same data and
             checkpoints, but the pipeline's side effects happen up to a batch of items early (see
@@ -160,7 +160,7 @@ class MultiProcessingReadingService(
         tensor_pool: Optional[bool] = None,
         tensor_pool_slot_bytes: int = TENSOR_POOL_SLOT_BYTES,
     ) -> None:
-        # Upstream's __init__ is not called: it asserts instead of raising and warns that
+        # The base class's __init__ is not called: it asserts instead of raising and warns that
         # num_workers=0 should use InProcessReadingService, which is not true here.
         self.num_workers = _check_count("num_workers", num_workers)
         self.multiprocessing_context = check_start_method(multiprocessing_context)
@@ -190,12 +190,12 @@ class MultiProcessingReadingService(
     def _reset_runtime(self) -> None:
         """Everything that only exists between ``initialize`` and ``finalize``."""
         self._session: Optional[Session] = None
-        # The last DataPipe of the graph as adapted (upstream's name; code that introspects the
-        # adapted graph, upstream's tests among it, looks there): the outlet's source.
+        # The last DataPipe of the graph as adapted (the base class's name; code that introspects the
+        # adapted graph, test_mprs.py among it, looks there): the outlet's source.
         self._end_datapipe: Optional[DataPipe] = None
         self._finalized = False
 
-    # Upstream requires a reading service to be picklable before `initialize` (DataLoader2
+    # DataLoader2 requires a reading service to be picklable before `initialize` (DataLoader2
     # clones it); the processes and pipes that exist afterwards are never pickled.
     def __getstate__(self) -> dict:
         return {key: value for key, value in self.__dict__.items() if not key.startswith("_")}
@@ -304,7 +304,7 @@ class MultiProcessingReadingService(
         pending = plan_restore(state, datapipe, graph, sharding, self.num_workers, self.elastic)
         return _Plan(state, graph, sharding, pending, bool(moves))
 
-    # --- pause / resume / limit (upstream semantics) ------------------------------------------
+    # --- pause / resume / limit (DataLoader2's semantics) ------------------------------------------
 
     @shut_down_when_broken
     def _pause(

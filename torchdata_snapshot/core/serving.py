@@ -4,7 +4,7 @@ Each serves the requests of the process that drives it: one table per loop maps 
 to the name of its handler (``HANDLERS``; a subclass extends its base's table, and overriding a
 handler is overriding the method). A request without a handler, or a handler that fails, is
 answered with ``ErrorResponse`` carrying the exception, and the loop keeps serving. Pause,
-resume, limit and terminate mean the same in both loops (upstream's semantics: ``pause()`` the
+resume, limit and terminate mean the same in both loops (DataLoader2's semantics: ``pause()`` the
 DataPipes that run threads of their own, apply the user's ``pause_fn``/``resume_fn``/
 ``limit_fn`` to the graph); see NOTE [ Snapshot protocol ] in :mod:`torchdata_snapshot.core.messages`.
 """
@@ -100,7 +100,7 @@ class ServingLoop:
         self._reply(ResumeResponse())
 
     def _on_limit(self, request: LimitRequest) -> None:
-        """Upstream's limit: ``limit_fn(graph, n)``, ``n`` being this worker's share if it has one."""
+        """DataLoader2's limit: ``limit_fn(graph, n)``, ``n`` being this worker's share if it has one."""
         if request.limit_fn is not None:
             share = request.num_batches if request.worker_num_batches is None else request.worker_num_batches
             self.datapipe = request.limit_fn(self.datapipe, share)

@@ -8,10 +8,10 @@ element that were handed on, less the one a DataPipe after it may hold (``webdat
 sample, ``lines_to_paragraphs``'s next paragraph). An elastic resume deals that element again,
 and the expander skips that many of its items (``ElementProgress.skip()``).
 
-The expander and the DataPipes that hold an item are the resumable equivalents of upstream's
+The expander and the DataPipes that hold an item are the resumable equivalents of the original
 (:class:`~torchdata_snapshot.graph_state.resumable.Expander`), which count; a graph that is not made
-resumable as a whole gets them in place of upstream's (``with_counting_expander()``). They
-yield what upstream's yield.
+resumable as a whole gets them in place of the originals (``with_counting_expander()``). They
+yield what the originals yield.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def chain_after(sf: DataPipe, end: DataPipe) -> Union[List[DataPipe], DataPipe]:
 
 
 def _expander_at(chain: Sequence[DataPipe]) -> int:
-    """The index of the chain's one expander (upstream's or resumable), or -1 if not one."""
+    """The index of the chain's one expander (the original or its resumable equivalent), or -1 if not one."""
     found = [i for i, dp in enumerate(chain) if type(dp) in EXPANDING or isinstance(dp, Expander)]
     return found[0] if len(found) == 1 else -1
 
@@ -111,9 +111,9 @@ class ElementProgress:
 
 
 def with_counting_expander(datapipe: DataPipe) -> DataPipe:
-    """``datapipe`` (a worker's graph, not made resumable as a whole) with upstream's expander
+    """``datapipe`` (a worker's graph, not made resumable as a whole) with its original expander
     after its sharding filter, and the DataPipes after it that may hold an item, replaced by
-    their resumable equivalents, which count and yield what upstream's yield."""
+    their resumable equivalents, which count and yield what the originals yield."""
     sf = sharding_point(datapipe)
     chain = [] if sf is None else chain_after(sf, datapipe)
     at = _expander_at(chain) if isinstance(chain, list) else -1

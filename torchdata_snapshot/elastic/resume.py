@@ -13,7 +13,7 @@ checks the graph; the checkpoint must know every instance's counts, over all ran
 distributed job (``gather_elastic_state``).
 
 Whether a DataPipe holds elements depends on its code, not on the class it derives from: a
-subclass of ``map`` may keep an item back. So the check matches exact types: upstream's
+subclass of ``map`` may keep an item back. So the check matches exact types: torchdata's
 (``ELASTIC_AFTER_SHARDING``), and classes their author declared with
 :func:`~torchdata_snapshot.register_elastic`. The declaration is an attribute of the class
 itself, not an entry in a table of this module; the check runs in the process that restores,
@@ -69,7 +69,7 @@ _DataPipeType = TypeVar("_DataPipeType", bound=type)
 def register_elastic(datapipe_type: _DataPipeType) -> _DataPipeType:
     """Declare that DataPipes of exactly ``datapipe_type`` may run between ``sharding_filter``
     and the user in a graph that resumes elastically (``MultiProcessingReadingService(...,
-    elastic=True)``), as upstream's ``map``, ``filter``, ``batch`` and ``collate`` do.
+    elastic=True)``), as the ``map``, ``filter``, ``batch`` and ``collate`` do.
 
     Declare only a class that, whenever it yields, holds none of the elements it took: each was
     handed on whole (in this output or an earlier one) or dropped. One that keeps an element
@@ -96,7 +96,7 @@ def _is_elastic(datapipe: DataPipe) -> bool:
 
 
 def replicable_branch(datapipe: DataPipe) -> DataPipe:
-    """The part of ``datapipe`` that worker processes run (its end), as upstream splits it."""
+    """The part of ``datapipe`` that worker processes run (its end), as DataLoader2 splits it."""
     branches = find_replicable_branches(traverse_dps(datapipe))
     return branches[0] if len(branches) == 1 else datapipe
 

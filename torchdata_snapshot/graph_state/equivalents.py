@@ -1,7 +1,7 @@
-"""The resumable equivalents of upstream DataPipes whose state lives in generator frames.
+"""The resumable equivalents of torchdata's DataPipes whose state lives in generator frames.
 
 In a worker whose graph can resume from captured states, ``GraphState.make_resumable`` replaces
-each upstream DataPipe of a type in ``ADAPTERS`` by its equivalent here, which keeps that state
+each DataPipe of a type in ``ADAPTERS`` by its equivalent here, which keeps that state
 in attributes (see :class:`~torchdata_snapshot.graph_state.resumable.Resumable`) and yields exactly what
 the original yields, epoch after epoch. The types that hold no state at a yield point stay as
 they are (``stateless`` in :mod:`torchdata_snapshot.core.catalogue`).
@@ -199,7 +199,7 @@ class _Expanding(Expander):
 
 
 class ResumableUnBatcher(_Expanding):
-    """``UnBatcher``, through upstream's own expansion."""
+    """``UnBatcher``, through torchdata's own expansion."""
 
     _dive = unbatch_dive
 
@@ -216,15 +216,15 @@ class ResumableFlatMapper(_Expanding):
     """``FlatMapper``: the function is applied through the original DataPipe's ``_apply_fn``
     (``input_col`` handling included)."""
 
-    def __init__(self, upstream: Any) -> None:
-        self.datapipe = upstream.datapipe
-        self.fn = upstream.fn
-        self.input_col = upstream.input_col
-        self._upstream_apply = flatmap_expand(upstream)
+    def __init__(self, original: Any) -> None:
+        self.datapipe = original.datapipe
+        self.fn = original.fn
+        self.input_col = original.input_col
+        self._original_apply = flatmap_expand(original)
         self._items = deque()
 
     def _expand(self, element: Any) -> Iterable[Any]:
-        return self._upstream_apply(self, element)
+        return self._original_apply(self, element)
 
 
 class ResumableHeader(Resumable):
@@ -370,12 +370,12 @@ class ResumableFileLister(Resumable):
     TRANSIENT = ("_listed",)
     _listed = _listing_digest()  # never updated: each root starts its own
 
-    def __init__(self, upstream: FileListerIterDataPipe) -> None:
-        self.datapipe = upstream.datapipe
-        self.masks = upstream.masks
-        self.recursive = upstream.recursive
-        self.abspath = upstream.abspath
-        self.non_deterministic = upstream.non_deterministic
+    def __init__(self, original: FileListerIterDataPipe) -> None:
+        self.datapipe = original.datapipe
+        self.masks = original.masks
+        self.recursive = original.recursive
+        self.abspath = original.abspath
+        self.non_deterministic = original.non_deterministic
         self._root: Optional[str] = None
         self._yielded = 0
 
@@ -438,7 +438,7 @@ def _adapt_iterable_wrapper(dp: IterableWrapperIterDataPipe) -> Optional[IterDat
     return None
 
 
-#: Upstream DataPipe type -> a function building its resumable equivalent (or ``None`` when
+#: DataPipe type -> a function building its resumable equivalent (or ``None`` when
 #: this instance cannot resume, e.g. an ``IterableWrapper`` over a generator).
 ADAPTERS: Dict[type, Callable[[Any], Optional[IterDataPipe]]] = {
     IterableWrapperIterDataPipe: _adapt_iterable_wrapper,

@@ -109,7 +109,7 @@ class FileOrigin:
 
 @dataclass(frozen=True)
 class DecompressedOrigin:
-    """The stream ``decompress`` made of the stream ``inner`` (``file_type``: upstream's name)."""
+    """The stream ``decompress`` made of the stream ``inner`` (``file_type``: torchdata's name)."""
 
     inner: Origin
     file_type: str
@@ -123,7 +123,7 @@ class DecompressedOrigin:
 
 @dataclass(frozen=True)
 class ArchiveMemberOrigin:
-    """Member ``name`` of the tar (``tar_mode``, upstream's ``mode``) or zip archive ``archive``."""
+    """Member ``name`` of the tar (``tar_mode``, torchdata's ``mode``) or zip archive ``archive``."""
 
     archive: Origin
     name: str
@@ -159,7 +159,7 @@ Origin = Union[FileOrigin, DecompressedOrigin, ArchiveMemberOrigin]
 
 
 def _child(parent: StreamWrapper, make: Callable[[StreamWrapper], IO]) -> StreamWrapper:
-    """The stream ``make`` makes of ``parent``, which it closes when it is closed (as upstream's
+    """The stream ``make`` makes of ``parent``, which it closes when it is closed (as the readers'
     decompress and archive loaders chain their streams)."""
     try:
         child = StreamWrapper(make(parent), parent)

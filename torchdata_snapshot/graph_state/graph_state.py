@@ -16,7 +16,7 @@ by its sources' future output plus a small state:
 * ``ShardingFilter``: stays in place (``DataLoader2`` finds it by its exact type when seeding);
   its state is how many items it yielded, from which follows how many it took from its source;
   a resumed epoch shifts its ``instance_id`` accordingly (``graph_state.sharding_shift``);
-* upstream DataPipes whose state lives in generator frames are replaced, in the worker, by
+* torchdata's DataPipes whose state lives in generator frames are replaced, in the worker, by
   equivalents that keep it in attributes (``graph_state.equivalents``): ``IterableWrapper``
   (over a sequence or range), ``Shuffler`` (buffer and RNG), ``UnBatcher``, ``Header``,
   ``Cycler``, ``Concater``, ``Multiplexer``, ``FileLister``; and the readers, which open,
@@ -100,7 +100,7 @@ class GraphState:
 
     The worker creates it with the registered state functions it was sent (``carried``, see
     :func:`graph_state_functions`); a type it was not sent uses what was registered in the
-    worker's own process. Upstream's ``ShardingFilter`` has built-in ones (:class:`ShardingShifts`).
+    worker's own process. torchdata's ``ShardingFilter`` has built-in ones (:class:`ShardingShifts`).
     """
 
     def __init__(self, carried: Sequence[StateFunctions] = ()) -> None:
@@ -138,7 +138,7 @@ class GraphState:
         return None
 
     def make_resumable(self, datapipe: DataPipe) -> DataPipe:
-        """Rewrite a resumable graph (see :meth:`unresumable`): replace upstream DataPipes by
+        """Rewrite a resumable graph (see :meth:`unresumable`): replace torchdata's DataPipes by
         their equivalents. ``ShardingFilter`` stays: ``DataLoader2`` finds it by its exact type."""
         graph = traverse_dps(datapipe)
         for _, dp in graph_datapipes(datapipe):

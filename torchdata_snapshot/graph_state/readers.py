@@ -2,7 +2,7 @@
 
 In a worker whose graph resumes from captured states (see :mod:`torchdata_snapshot.graph_state.graph_state`)
 these replace torchdata's reader DataPipes, as :mod:`torchdata_snapshot.graph_state.equivalents` replaces
-the others. They run upstream's own code, one element at a time (:class:`_PerElement`), so they
+the others. They run torchdata's own code, one element at a time (:class:`_PerElement`), so they
 yield exactly what the originals yield:
 
 * the DataPipes that make a stream of each element (``FileOpener``, ``FSSpecFileOpener``,
@@ -76,14 +76,14 @@ Attach = Callable[[Any, Any], Any]
 
 
 class _PerElement:
-    """Upstream's DataPipe ``upstream``, run on one element at a time: a fresh instance of its
+    """The DataPipe ``original``, run on one element at a time: a fresh instance of its
     class with its configuration and a one-element source. Holds no DataPipe (the graph of the
     resumable DataPipe that owns it must not see the original)."""
 
-    def __init__(self, upstream: IterDataPipe, source: str) -> None:
-        self.kind = type(upstream)
+    def __init__(self, original: IterDataPipe, source: str) -> None:
+        self.kind = type(original)
         self.source = source
-        self.fields = {k: v for k, v in vars(upstream).items() if k != source and k not in _HOOK_FIELDS}
+        self.fields = {k: v for k, v in vars(original).items() if k != source and k not in _HOOK_FIELDS}
 
     def instance(self, element: Any) -> IterDataPipe:
         one = self.kind.__new__(self.kind)
@@ -95,19 +95,19 @@ class _PerElement:
         return iter(self.instance(element))
 
 
-def _take_source(owner: IterDataPipe, upstream: IterDataPipe) -> _PerElement:
-    """Give ``owner`` ``upstream``'s source DataPipe, under the same attribute name (recorded as
-    ``owner._source``), and return upstream's code to run on each element."""
-    names = [k for k, v in vars(upstream).items() if isinstance(v, IterDataPipe)]
+def _take_source(owner: IterDataPipe, original: IterDataPipe) -> _PerElement:
+    """Give ``owner`` ``original``'s source DataPipe, under the same attribute name (recorded as
+    ``owner._source``), and return the original's code to run on each element."""
+    names = [k for k, v in vars(original).items() if isinstance(v, IterDataPipe)]
     if len(names) != 1:
-        raise TypeError(f"{type(upstream).__name__} has not one source DataPipe: {names}")
-    setattr(owner, names[0], getattr(upstream, names[0]))
+        raise TypeError(f"{type(original).__name__} has not one source DataPipe: {names}")
+    setattr(owner, names[0], getattr(original, names[0]))
     owner._source = names[0]  # type: ignore[attr-defined]
-    return _PerElement(upstream, names[0])
+    return _PerElement(original, names[0])
 
 
 class StreamMaker(IterDataPipe):
-    """A DataPipe that makes one ``(path, stream)`` of each element, run as upstream's, each
+    """A DataPipe that makes one ``(path, stream)`` of each element, run as the original does, each
     stream given its origin. It holds nothing at a yield point.
 
     The files it opens (their :class:`~torchdata_snapshot.graph_state.file_origins.FileOrigin`,
@@ -118,8 +118,8 @@ class StreamMaker(IterDataPipe):
     _source: str
     opened: List[FileOrigin]
 
-    def __init__(self, upstream: IterDataPipe, attach: Callable[[_PerElement], Attach]) -> None:
-        self._each = _take_source(self, upstream)
+    def __init__(self, original: IterDataPipe, attach: Callable[[_PerElement], Attach]) -> None:
+        self._each = _take_source(self, original)
         self._attach = attach(self._each)
         self.opened = []
 
@@ -142,7 +142,7 @@ class StreamMaker(IterDataPipe):
 
 
 class ResumableReader(Expander):
-    """A DataPipe that reads several items out of each element, run as upstream's; its state is
+    """A DataPipe that reads several items out of each element, run as the original does; its state is
     the element it is reading (streams as origins) and how many items it took from it."""
 
     STATE = {"reading": bool, "element": object, "taken": int}
@@ -151,9 +151,9 @@ class ResumableReader(Expander):
     _source: str
 
     def __init__(
-        self, upstream: IterDataPipe, attach: Optional[Callable[[_PerElement], Attach]] = None
+        self, original: IterDataPipe, attach: Optional[Callable[[_PerElement], Attach]] = None
     ) -> None:
-        self._each = _take_source(self, upstream)
+        self._each = _take_source(self, original)
         self._attach = None if attach is None else attach(self._each)
         self._reading = False
         self._taken = 0
@@ -256,8 +256,8 @@ class ResumableWebDataset(Resumable):
     TRANSIENT = ("_sample",)
     _sample: Dict[str, Any] = {}
 
-    def __init__(self, upstream: Any) -> None:
-        self.source_datapipe = upstream.source_datapipe
+    def __init__(self, original: Any) -> None:
+        self.source_datapipe = original.source_datapipe
         self._key = ""
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
@@ -296,9 +296,9 @@ class ResumableParagraphAggregator(Resumable):
 
     STATE = {"lines": list, "filename": (str, type(None))}
 
-    def __init__(self, upstream: Any) -> None:
-        self.source_datapipe = upstream.source_datapipe
-        self.joiner = upstream.joiner
+    def __init__(self, original: Any) -> None:
+        self.source_datapipe = original.source_datapipe
+        self.joiner = original.joiner
         self._lines: List[str] = []
         self._filename: Optional[str] = None
 

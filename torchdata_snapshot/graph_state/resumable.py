@@ -1,6 +1,6 @@
 """``Resumable``: the base of the DataPipes that stateful restore adds to a worker's graph.
 
-Such a DataPipe keeps in attributes what an upstream DataPipe keeps in its generator's frame:
+Such a DataPipe keeps in attributes what a torchdata DataPipe keeps in its generator's frame:
 ``state_dict()`` describes it at a yield point, and a state given to ``load_state_dict()`` is
 checked at once (field by field, :func:`expect_state`) and used by the next iteration only.
 """

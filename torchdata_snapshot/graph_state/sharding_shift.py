@@ -1,4 +1,4 @@
-"""``ShardingShifts``: the state of upstream's ``ShardingFilter`` in a resumable graph.
+"""``ShardingShifts``: the state of torchdata's ``ShardingFilter`` in a resumable graph.
 
 The filter stays in the graph (``DataLoader2`` finds it by its exact type when seeding); its
 state is how many items it yielded, from which follows how many it took from its source. A
@@ -19,7 +19,7 @@ __all__ = ["ShardingShifts"]
 
 
 class ShardingShifts:
-    """The state functions of upstream's ``ShardingFilter``, which stays in a resumable graph
+    """The state functions of torchdata's ``ShardingFilter``, which stays in a resumable graph
     (``DataLoader2`` finds it by its exact type when seeding), for the filters of one graph.
 
     A filter's state is how many items it yielded this epoch. Resumed from one, it runs with a

@@ -12,7 +12,7 @@ from torchdata_snapshot import register_elastic
 
 @register_elastic
 class ElasticDoubling(MapperIterDataPipe):
-    """``map(double)`` as a subclass of upstream's ``Mapper``: one item per item, holding none,
+    """``map(double)`` as a subclass of torchdata's ``Mapper``: one item per item, holding none,
     declared elastic where it is defined (a restored graph that holds it imports this module)."""
 
     def __init__(self, source: IterDataPipe) -> None:

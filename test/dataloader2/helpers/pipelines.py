@@ -19,7 +19,7 @@ from torch.utils.data.datapipes.iter.callable import MapperIterDataPipe
 from torchdata.datapipes.iter import IterableWrapper
 
 #: Start method of the tests that do not choose one (``pytest --mp-context spawn`` sets it);
-#: fork where the platform has it, as upstream's default on Linux.
+#: fork where the platform has it, as DataLoader2's default on Linux.
 _DEFAULT_CONTEXT = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 CONTEXT = os.environ.get("TORCHDATA_SNAPSHOT_TEST_CONTEXT", _DEFAULT_CONTEXT)
 #: ``pytest --tensor-pool`` / ``--no-tensor-pool``: the reading services of the tests that do not
@@ -79,7 +79,7 @@ def split(x: int) -> List[int]:
 
 
 class NonReplicable(IterDataPipe):
-    """A pass-through that must stay in the main process (like upstream's fullsync/pin_memory)."""
+    """A pass-through that must stay in the main process (like torchdata's fullsync/pin_memory)."""
 
     def __init__(self, source: IterDataPipe) -> None:
         self.source = source
@@ -93,7 +93,7 @@ class NonReplicable(IterDataPipe):
 
 class SwappedPairs(MapperIterDataPipe):
     """``map(fn)`` handing on its items in swapped pairs (``fn(b), fn(a)`` for ``a, b``): a
-    subclass of upstream's ``Mapper`` that, unlike it, holds an item across its outputs."""
+    subclass of torchdata's ``Mapper`` that, unlike it, holds an item across its outputs."""
 
     def __iter__(self) -> Iterator[Any]:
         held: List[Any] = []

@@ -9,7 +9,7 @@ from torchdata.dataloader2.worker_snapshot import WorkerSnapshot
 
 TARGET = "torchdata/dataloader2/reading_service.py"
 
-#: Statements that end upstream's methods (before their ``return``): the pause a snapshot must
+#: Statements that end MultiProcessingReadingService's methods (before their ``return``): the pause a snapshot must
 #: not undo, and the epoch the workers' snapshots are of.
 AT_END = (
     ("MultiProcessingReadingService.initialize_iteration", "self._epoch += 1"),

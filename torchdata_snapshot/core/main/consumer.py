@@ -1,6 +1,6 @@
 """The main-process end of the workers: round-robin over their streams with exact counts.
 
-:class:`WorkerConsumer` replaces upstream's ``_IterateQueueDataPipes`` (and the ``QueueWrapper``
+:class:`WorkerConsumer` replaces the queue-based loop's ``_IterateQueueDataPipes`` (and the ``QueueWrapper``
 per worker). It is the DataPipe that stands, in the main process's graph, where the replicable
 branch was: it hands out the workers' items in a fixed round-robin order (one
 :class:`~torchdata_snapshot.core.main.worker_record.WorkerRecord` per worker), starts, restores and

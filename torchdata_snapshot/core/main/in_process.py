@@ -28,7 +28,7 @@ __all__ = ["InProcess"]
 
 
 class InProcess:
-    """Runs ``datapipe`` (after ``worker_init_fn``, as upstream) in the main process."""
+    """Runs ``datapipe`` (after ``worker_init_fn``, as torchdata does) in the main process."""
 
     positions: Optional[UserPositions] = None  # the outlet replays: no position in worker streams
     broken: Optional[str] = None  # nothing to lose contact with

@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 def import_what_workers_seed(ctx: Any) -> None:
     """Import ``numpy.random`` here once before forking workers, if numpy is imported.
 
-    Each worker's first epoch reset seeds numpy's global RNG (upstream's worker reset function),
+    Each worker's first epoch reset seeds numpy's global RNG (``process_reset_fn``),
     which imports ``numpy.random`` if nobody did: 10 of that reset's 13 ms, in every worker, at
     every start and restore. Forked workers inherit the import; under spawn and forkserver a
     worker imports what it needs in its own process, and this one is left alone.

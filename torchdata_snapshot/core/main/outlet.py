@@ -1,7 +1,7 @@
 """``Outlet``: the last DataPipe of the adapted graph, where items reach the user.
 
 A checkpoint describes what the *user* has received, not what the processes produced: with
-prefetching, everything upstream of the outlet runs ahead. The outlet counts what it hands out,
+prefetching, everything before the outlet runs ahead. The outlet counts what it hands out,
 notes when ``StopIteration`` reached the user, and keeps the position in each worker's stream
 that the user reached:
 
@@ -18,7 +18,7 @@ that the user reached:
 
 With ``num_workers=0`` and isolated global RNGs (see
 :mod:`torchdata_snapshot.checkpoint.rng_states`), the outlet produces an item when the user asks
-for it, as upstream does (the pipeline's side effects, prints and breakpoints happen in step
+for it, as torchdata does (the pipeline's side effects, prints and breakpoints happen in step
 with the training loop, and what the loop sets before ``next()`` reaches that item), with the
 pipeline's RNG states swapped in for that item only: about 25 us per item. With ``read_ahead``
 it amortizes the swap instead: it produces items ahead, up to ``READ_AHEAD_ITEMS``,

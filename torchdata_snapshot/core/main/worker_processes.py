@@ -1,6 +1,6 @@
 """``WorkerProcesses``: the replicable part of the graph running in worker processes.
 
-Upstream's split of the graph is kept: the replicable branch runs in every worker (sharded), the
+torchdata's split of the graph is kept: the replicable branch runs in every worker (sharded), the
 DataPipes after it stay in the main process, and with ``sharding_round_robin_dispatch`` the part
 below the dispatching point runs once, in a dispatching process. The pool starts the processes
 (:class:`~torchdata_snapshot.core.main.launcher.ProcessLauncher`), puts a
@@ -209,7 +209,7 @@ class WorkerProcesses:
         ``resume``: the restore the epoch resumes, exactly or elastically (see
         :mod:`torchdata_snapshot.elastic.remaining`)."""
         # The main process's DataPipes (the non-replicable tail) are seeded from the generator
-        # itself, each worker from its spawn, as upstream.
+        # itself, each worker from its spawn, as torchdata does.
         set_graph_random_seed(outlet, seed_generator)
         seeds = [seed_generator.spawn(worker_id) for worker_id in range(self.num_workers)]
         self.consumer.reset_epoch(epoch, seeds, iter_reset_fn, None if resume is None else resume.elastic)
@@ -241,7 +241,7 @@ class WorkerProcesses:
         self.consumer.request_resume(resume_fn)
 
     def limit(self, num_batches: Optional[int], limit_fn: Callable) -> None:
-        """Apply ``limit_fn`` in every process. As upstream, the limit only travels when a
+        """Apply ``limit_fn`` in every process. As in torchdata's loop, the limit only travels when a
         dispatching process exists, and is then split between the workers."""
         if self.dispatcher is None:
             self.consumer.request_limit(None, limit_fn)

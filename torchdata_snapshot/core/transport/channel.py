@@ -1,6 +1,6 @@
 """One request/response pipe pair between two processes, with bounded waits and liveness checks.
 
-Upstream DataLoader2 moves messages through ``multiprocessing.Queue`` objects and waits for them
+DataLoader2 moves messages through ``multiprocessing.Queue`` objects and waits for them
 by sleep-polling. Here each direction is one end of an OS pipe (``multiprocessing.Pipe(duplex=False)``):
 
 * waits block in ``poll(timeout)`` (``select``), never in a sleep loop; the timeout only

@@ -1,6 +1,6 @@
 """Items as bytes on a pipe: pickled one by one, tensors through shared memory.
 
-:class:`ItemEncoder` pickles a worker's items as ``ForkingPickler`` does for upstream's queues
+:class:`ItemEncoder` pickles a worker's items as ``ForkingPickler`` does for the queue-based loop's queues
 (a tensor's storage travels as a shared-memory handle), one item after the other so that a batch
 of them can be bounded by bytes, and notes which items share memory with the reader.
 :class:`ItemDecoder` reads them back. An :class:`ItemPool` (the tensor pool) may take the
@@ -75,7 +75,7 @@ class _SharingPickler(ForkingPickler):
 class ItemEncoder:
     """Pickles items one after the other into one buffer, as ``ForkingPickler`` does for queues.
 
-    Tensors therefore travel through shared memory, exactly as with upstream's queues. One
+    Tensors therefore travel through shared memory, exactly as with the queue-based loop's queues. One
     pickler is reused for a whole batch (building a ``ForkingPickler`` costs ~2 us, a ``dump``
     ~0.2 us); its memo is cleared after every item so that items stay independent. ``shared``
     tells whether the item :meth:`dumps` pickled last shares memory with the reader: then its

@@ -1,6 +1,6 @@
 """The dispatching process (``sharding_round_robin_dispatch``) and its source in each worker.
 
-Upstream runs the non-replicable part of the graph in one dispatching process and splits it
+DataLoader2 runs the non-replicable part of the graph in one dispatching process and splits it
 with ``round_robin_demux`` into one loop per worker, polled with ``time.sleep(0)``. Here
 :class:`DispatcherLoop` iterates that part once and hands item ``j`` to worker ``j % N``,
 so each worker's input is a deterministic function of the seed. Workers grant credit

@@ -388,7 +388,7 @@ def prepare_worker_graph(
     options: WorkerOptions,
     dispatcher_link: Optional[Channel] = None,
 ) -> DataPipe:
-    """Shard the replicable graph for this worker and apply ``worker_init_fn`` (upstream semantics).
+    """Shard the replicable graph for this worker and apply ``worker_init_fn`` (DataLoader2's semantics).
 
     With a dispatching process, the placeholder where the dispatched part was becomes a
     :class:`DispatchedSource` reading ``dispatcher_link``, and only the branches that do not

@@ -1,4 +1,4 @@
-"""What upstream's own DataLoader2 tests expect of a MultiProcessingReadingService, in our words
+"""What torchdata's own DataLoader2 tests expect of a MultiProcessingReadingService, in our words
 (docs/migration.rst): the graph the reading service adapted, restarting a saved epoch from its
 beginning, seeds that depend only on the SeedGenerator handed over, breaking out early, and
 ``num_workers=0`` running the pipeline when the user asks for an item."""
@@ -34,7 +34,9 @@ def reseed_globals(seed: int) -> None:
 def test_the_end_datapipe_is_the_last_datapipe_of_the_adapted_graph(make_dl: Any, num_workers: int) -> None:
     dl = make_dl(NonReplicable(IterableWrapper(range(10)).sharding_filter()), rs(num_workers))
     it = iter(dl)
-    assert type(dl.reading_service._end_datapipe) is NonReplicable, "what upstream puts there"
+    assert type(dl.reading_service._end_datapipe) is NonReplicable, (
+        "what DataLoader2's own reading service puts there"
+    )
     assert sorted(list(it) + list(dl)) == sorted(2 * list(range(10)))
 
 
@@ -164,7 +166,7 @@ def test_a_seeded_loader_still_reshuffles_every_epoch_and_repeats_across_loaders
 def test_shutting_down_after_a_few_items_is_clean(
     shape: str, main_prefetch_cnt: int, worker_prefetch_cnt: int
 ) -> None:
-    for _ in range(3):  # upstream's version of this test is flaky (pytorch/data#1310); ours is not
+    for _ in range(3):  # test_mprs.py's version of this test is flaky (pytorch/data#1310); ours is not
         dl = DataLoader2(
             pipeline(shape, 1000),
             reading_service=rs(
@@ -177,7 +179,7 @@ def test_shutting_down_after_a_few_items_is_clean(
 
 
 def test_pausing_a_prefetcher_whose_source_just_ended_returns(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Upstream's Prefetcher.pause() waits for its thread to report that it paused; a thread
+    """``Prefetcher.pause()`` waits for its thread to report that it paused; a thread
     whose source ended reports once, lingers (10 ms; 2 s here) and exits: a pause right after a
     resume in that window waited forever. Ours returns."""
     import threading
@@ -217,7 +219,7 @@ def linger_prefetcher_threads(datapipe: Any, worker_info: Any) -> Any:
 def test_limit_pause_resume_rounds_over_stacked_prefetchers_in_the_workers(
     make_dl: Any, num_workers: int
 ) -> None:
-    """The second half of upstream's test_reading_service_limit: a few items per round over two
+    """The second half of test_mprs.py's test_reading_service_limit: a few items per round over two
     prefetchers whose source ends at once, so that pauses follow resumes while the prefetchers'
     threads linger (made long here). Every pause is answered (a hang would time out)."""
     dp = IterableWrapper(range(10)).shuffle().sharding_filter().prefetch().prefetch()
