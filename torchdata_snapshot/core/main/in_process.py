@@ -14,7 +14,7 @@ from typing import Callable, List, Optional, Tuple
 
 from torchdata.dataloader2.graph import DataPipe, set_graph_random_seed
 from torchdata.dataloader2.random import SeedGenerator
-from torchdata.dataloader2.utils.worker import WorkerInfo, process_init_fn, process_reset_fn
+from torchdata.dataloader2.utils.worker import WorkerInfo, process_reset_fn
 
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 from torchdata_snapshot.checkpoint.format import WorkerPosition
@@ -23,6 +23,7 @@ from torchdata_snapshot.checkpoint.restore_plan import PendingRestore
 from torchdata_snapshot.checkpoint.rng_states import IsolatedRNG
 from torchdata_snapshot.core.graph import datapipe_state_dicts, datapipe_yields, graph_datapipes
 from torchdata_snapshot.core.main.outlet import Outlet
+from torchdata_snapshot.core.worker.loop import prepare_worker_graph
 
 __all__ = ["InProcess"]
 
@@ -34,7 +35,7 @@ class InProcess:
     broken: Optional[str] = None  # nothing to lose contact with
 
     def __init__(self, datapipe: DataPipe, worker_init_fn: Optional[Callable], isolate_rng: bool) -> None:
-        self.end = process_init_fn(datapipe, WorkerInfo(1, 0), worker_init_fn)
+        self.end = prepare_worker_graph(datapipe, WorkerInfo(1, 0), worker_init_fn)
         self.rng = IsolatedRNG() if isolate_rng else None
 
     def start_epoch(

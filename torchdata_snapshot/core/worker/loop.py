@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torchdata.dataloader2.graph import DataPipe, find_dps, replace_dp, traverse_dps
 from torchdata.dataloader2.utils.worker import WorkerInfo, process_reset_fn
+from torchdata.datapipes.iter import IterDataPipe
+from torchdata.datapipes.map import MapDataPipe
 
 from torchdata_snapshot._compat import (
     DispatchPlaceholder,
@@ -385,14 +387,14 @@ WorkerLoop.HANDLERS = {
 def prepare_worker_graph(
     datapipe: DataPipe,
     worker_info: WorkerInfo,
-    options: WorkerOptions,
+    custom_init_fn: Optional[Callable[[DataPipe, WorkerInfo], DataPipe]] = None,
     dispatcher_link: Optional[Channel] = None,
 ) -> DataPipe:
-    """Shard the replicable graph for this worker and apply ``worker_init_fn`` (DataLoader2's semantics).
+    """Shard the replicable graph for this worker, then apply ``custom_init_fn`` (``worker_init_fn``).
 
     With a dispatching process, the placeholder where the dispatched part was becomes a
     :class:`DispatchedSource` reading ``dispatcher_link``, and only the branches that do not
-    come from it are sharded.
+    come from it are sharded. Raises ``TypeError`` if ``worker_init_fn`` returns no DataPipe.
     """
     graph = traverse_dps(datapipe)
     placeholders = find_dps(graph, DispatchPlaceholder)
@@ -411,8 +413,10 @@ def prepare_worker_graph(
             )
         graph = replace_dp(graph, placeholders[0], DispatchedSource(dispatcher_link))
         datapipe = list(graph.values())[0][0]
-    if options.custom_init_fn is not None:
-        datapipe = options.custom_init_fn(datapipe, worker_info)
+    if custom_init_fn is not None:
+        datapipe = custom_init_fn(datapipe, worker_info)
+        if not isinstance(datapipe, (IterDataPipe, MapDataPipe)):
+            raise TypeError(f"worker_init_fn returned {type(datapipe).__name__}, not a DataPipe")
     return datapipe
 
 
@@ -438,7 +442,9 @@ def run_worker(
         dispatcher_link.bind("dispatching process", watch=endpoint.check_parent, pid=dispatcher_pid)
     init_error = None
     try:
-        datapipe = prepare_worker_graph(extract_wrapper(datapipe), worker_info, options, dispatcher_link)
+        datapipe = prepare_worker_graph(
+            extract_wrapper(datapipe), worker_info, options.custom_init_fn, dispatcher_link
+        )
     except Exception:
         init_error = ExceptionWrapper(
             where=f"in worker process {worker_info.worker_id} while initializing it"
