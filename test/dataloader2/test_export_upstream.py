@@ -480,6 +480,16 @@ def test_without_the_formatters_nothing_changes(checkout: Path, tmp_path: Path) 
     assert state(checkout) == before
 
 
+def test_two_modules_share_a_file_only_when_both_merge_into_it() -> None:
+    manifest, errors = tool("manifest"), tool("errors")
+    loaded = manifest.load()
+    shared = [p for p in loaded.placements.values() if p.path.endswith("utils/worker.py")]
+    assert len(shared) == 2 and all(p.merge for p in shared), "the worker loop and process_init_fn"
+    unmerged = {**loaded.placements, shared[1].module: replace(shared[1], merge=False)}
+    with pytest.raises(errors.ManifestError, match="same path, not both merged into it"):
+        manifest.check(replace(loaded, placements=unmerged))
+
+
 def test_test_files_are_cut_into_cumulative_slices() -> None:
     rewrite = tool("rewrite")
     source = "import os\n\n\ndef helper():\n    pass\n\n\n" + "".join(

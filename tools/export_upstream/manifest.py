@@ -275,9 +275,12 @@ def check(manifest: Manifest) -> None:
         raise ManifestError(
             f"[placement] must place every module: {sorted(set(modules) ^ set(manifest.placements))}"
         )
+    # Several modules may merge into one of torchdata's files, each adding its names; a file of
+    # its own holds one module.
     paths = [p.path for p in manifest.placements.values()]
-    if len(paths) != len(set(paths)):
-        raise ManifestError("two modules are placed at the same path")
+    shared = {path for path in paths if paths.count(path) > 1}
+    if any(not p.merge for p in manifest.placements.values() if p.path in shared):
+        raise ManifestError("two modules are placed at the same path, not both merged into it")
     done: Set[str] = {"__init__"}
     public = {n: m for n, m in public_name_modules().items() if n not in manifest.not_reexported}
     names_exported: Set[str] = set()
