@@ -340,6 +340,52 @@ def test_messages_worker_and_reading_service_change_in_place(series: Path) -> No
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+#: What the queue-based loop was made of; the checkpointable pull request deletes it.
+QUEUE_LOOP = ["eventloop", "iter", "map", "protocol", "queue"]
+
+
+@series_test
+@pytest.mark.parametrize("tip", ["series-2", "series"])
+def test_the_queue_based_loop_is_gone_and_what_used_it_still_works(series: Path, tip: str) -> None:
+    git(series, "checkout", "-q", tip)
+    try:
+        for name in QUEUE_LOOP:
+            assert not (series / f"torchdata/dataloader2/communication/{name}.py").exists(), name
+        assert not (series / "test/dataloader2/test_get_state.py").exists(), "it tested that loop"
+        code = (
+            "import importlib, inspect, torchdata.dataloader2 as d\n"
+            "from torchdata.dataloader2.utils import process_init_fn\n"
+            "from torchdata.datapipes.iter import IterableWrapper\n"
+            f"for name in {QUEUE_LOOP!r}:\n"
+            "    try:\n"
+            "        importlib.import_module('torchdata.dataloader2.communication.' + name)\n"
+            "    except ModuleNotFoundError:\n"
+            "        pass\n"
+            "    else:\n"
+            "        raise AssertionError(name)\n"
+            "params = list(inspect.signature(process_init_fn).parameters)\n"
+            "assert params == ['datapipe', 'worker_info', 'custom_init_fn', 'worker_prefetch_cnt'], params\n"
+            "assert list(IterableWrapper(range(50)).prefetch(4)) == list(range(50))\n"
+            "def absolute(dp, info):\n"
+            "    return dp.map(abs)\n"
+            "rs = d.InProcessReadingService(prefetch_cnt=2, init_fn=absolute)\n"
+            "dl = d.DataLoader2(IterableWrapper(range(-3, 3)), reading_service=rs)\n"
+            "assert list(dl) == [3, 2, 1, 0, 1, 2]\n"
+            "dl.shutdown()\n"
+            "rs = d.MultiProcessingReadingService(num_workers=2)\n"
+            "from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES as P\n"
+            "dispatched = IterableWrapper(range(10)).sharding_round_robin_dispatch(P.MULTIPROCESSING)\n"
+            "dispatched = dispatched.map(abs)  # the part after the dispatching process, in the workers\n"
+            "dl = d.DataLoader2(dispatched, reading_service=rs)\n"
+            "assert sorted(dl) == list(range(10)), 'the dispatching process, without its queue loop'\n"
+            "dl.shutdown()\n"
+        )
+        done = run_in(series, code)
+    finally:
+        git(series, "checkout", "-q", "series")
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 @series_test
 def test_the_exported_tree_resumes_mid_epoch(series: Path) -> None:
     git(series, "checkout", "-q", "series")
@@ -481,6 +527,61 @@ def test_without_the_formatters_nothing_changes(checkout: Path, tmp_path: Path) 
     with pytest.raises(tool("errors").ToolMissingError, match="requirements-upstream-lint.txt"):
         tool("series").export(checkout, tools=tmp_path)
     assert state(checkout) == before
+
+
+def test_a_commit_deletes_what_the_series_replaces_and_edits_each_place_it_names(
+    checkout: Path, tools_bin: Path
+) -> None:
+    series, errors = tool("series"), tool("errors")
+    writer = series.SeriesWriter(checkout, tool("manifest").load(), tools_bin)
+    assert writer.delete("torchdata/dataloader2/communication/queue.py") == (
+        "torchdata/dataloader2/communication/queue.py"
+    )
+    assert not (checkout / "torchdata/dataloader2/communication/queue.py").exists()
+    with pytest.raises(errors.UpstreamLayoutError, match="queue.py does not exist in this checkout"):
+        writer.delete("torchdata/dataloader2/communication/queue.py")
+    prefetcher = "torchdata/datapipes/iter/util/prefetcher.py"
+    old = "communication.iter.TerminateRequired"
+    assert (checkout / prefetcher).read_text().count(old) == 2
+    with pytest.raises(errors.UpstreamLayoutError, match="TerminateRequired' exactly 1 time"):
+        writer.edit(prefetcher, old, "X")
+    writer.edit(prefetcher, old, "X", count=2)
+    assert old not in (checkout / prefetcher).read_text()
+    writer.commit(["torchdata/dataloader2/communication/queue.py", prefetcher], "t", "b")
+    assert git(checkout, "status", "--porcelain") == "", "the deletion is committed too"
+    assert "D\ttorchdata/dataloader2/communication/queue.py" in git(
+        checkout, "show", "--name-status", "--format=", "HEAD"
+    )
+
+
+def test_a_commit_that_only_deletes_code_needs_no_test_of_its_own(tmp_path: Path) -> None:
+    check = tool("check")
+    env = {**os.environ, **IDENTITY}
+    (tmp_path / "torchdata").mkdir()
+    steps = [
+        {
+            "torchdata/a.py": "A = 1\n",
+            "torchdata/b.py": "B = 2\n",
+            "torchdata/__init__.py": "from . import a, b\n",
+        },
+        {"torchdata/b.py": None, "torchdata/__init__.py": "from . import a\n"},  # a deletion
+        {"torchdata/a.py": "A = 3\n"},  # a change
+    ]
+    for files in steps:
+        for name, text in files.items():
+            if text is None:
+                (tmp_path / name).unlink()
+            else:
+                (tmp_path / name).write_text(text)
+        for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "step"]):
+            subprocess.run(["git", *command], cwd=tmp_path, check=True, env=env, capture_output=True)
+    deletion, change = git(tmp_path, "rev-list", "--reverse", "HEAD").split()[1:]
+    assert check.only_deletes(tmp_path, deletion) and not check.only_deletes(tmp_path, change)
+    report = check.Report()
+    check.check_shape(tmp_path, git(tmp_path, "rev-list", "--max-parents=0", "HEAD"), "HEAD", 800, report)
+    assert [p for p in report.problems if "without a test" in p] == [
+        "step: changes torchdata/ without a test"
+    ]
 
 
 def test_two_modules_share_a_file_only_when_both_merge_into_it() -> None:

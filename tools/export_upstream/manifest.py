@@ -66,12 +66,14 @@ class TestPart:
 
 @dataclass(frozen=True)
 class Edit:
-    """A textual change to an upstream file that no module carries: ``old`` (exactly once in the
-    file) becomes ``new``; with ``old`` empty, the line ``new`` is added unless it is there."""
+    """A textual change to an upstream file that no module carries: ``old`` (exactly ``count``
+    times in the file) becomes ``new``; with ``old`` empty, the line ``new`` is added unless it
+    is there."""
 
     path: str
     old: str
     new: str
+    count: int = 1
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,8 @@ class Commit:
     #: of ``rfc/`` that go beside upstream's own in ``test/dataloader2``.
     fragments: Tuple[str, ...] = ()
     fragment_tests: Tuple[str, ...] = ()
+    #: Files of torchdata's tree this commit deletes: what the series' code replaces.
+    deletes: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,7 @@ def load(path: Path = MANIFEST) -> Manifest:
                 exports=bool(entry.get("exports", False)),
                 fragments=tuple(entry.get("fragments", ())),
                 fragment_tests=tuple(entry.get("fragment_tests", ())),
+                deletes=tuple(entry.get("deletes", ())),
             )
             for entry in data["commit"]
         )

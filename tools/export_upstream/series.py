@@ -157,7 +157,7 @@ class SeriesWriter:
             raise UpstreamLayoutError(f"{relative} exists already in this checkout")
         return self._write(relative, LICENSE + (FRAGMENTS_DIR / name).read_text())
 
-    def edit(self, relative: str, old: str, new: str) -> str:
+    def edit(self, relative: str, old: str, new: str, count: int = 1) -> str:
         path = self.checkout / relative
         text = path.read_text() if path.is_file() else ""
         if old == "":  # add a line, unless it is there already
@@ -165,9 +165,19 @@ class SeriesWriter:
                 text = text if text.endswith("\n") or not text else text + "\n"
                 return self._write(relative, text + new)
             return relative
-        if text.count(old) != 1:
-            raise UpstreamLayoutError(f"{relative} does not hold exactly one {old.strip()!r} to change")
+        if text.count(old) != count:
+            raise UpstreamLayoutError(
+                f"{relative} does not hold {old.strip()!r} exactly {count} time(s) to change it"
+            )
         return self._write(relative, text.replace(old, new))
+
+    def delete(self, relative: str) -> str:
+        """Delete a file of torchdata's tree that the series' code replaces."""
+        path = self.checkout / relative
+        if not path.is_file():
+            raise UpstreamLayoutError(f"{relative} does not exist in this checkout, so cannot be deleted")
+        path.unlink()
+        return relative
 
     def test(self, file: str, part: int, parts: int, without: Sequence[str] = ()) -> str:
         source = rewrite_test((TESTS_DIR / file).read_text(), self.manifest)
@@ -216,7 +226,7 @@ class SeriesWriter:
 
     def format(self, paths: Sequence[str]) -> None:
         """As upstream's pre-commit would: pyupgrade --py37-plus, then ufmt (black and usort)."""
-        python = [p for p in paths if p.endswith(".py")]
+        python = [p for p in paths if p.endswith(".py") and (self.checkout / p).is_file()]
         if not python:
             return
         # pyupgrade exits with 1 when it rewrote a file: only its other codes are failures.
@@ -238,7 +248,7 @@ class SeriesWriter:
 
     def commit(self, paths: Sequence[str], title: str, body: str) -> None:
         self.format(paths)
-        _git(self.checkout, "add", *paths)
+        _git(self.checkout, "add", "-A", "--", *paths)  # (-A: a deleted file's removal too)
         identity: List[str] = []
         if not _git(self.checkout, "config", "user.name", check=False):
             identity = ["-c", "user.name=DataLoader2 contributor", "-c", "user.email=dataloader2@localhost"]
@@ -362,7 +372,8 @@ def export(
 
 
 def _commit_files(writer: SeriesWriter, commit: Commit) -> List[str]:
-    paths = [writer.edit(edit.path, edit.old, edit.new) for edit in commit.edits]
+    paths = [writer.delete(path) for path in commit.deletes]
+    paths += [writer.edit(edit.path, edit.old, edit.new, edit.count) for edit in commit.edits]
     paths += [writer.module(module) for module in commit.modules]
     paths += [writer.fragment(name) for name in commit.fragments]
     if commit.exports:
