@@ -36,7 +36,6 @@ __all__ = [
     "ParentGone",
     "ParentWatch",
     "describe_exit",
-    "ignore_job_signals",
     "make_pipe_pair",
     "process_exit",
 ]
@@ -199,23 +198,6 @@ class Channel:
     def close(self) -> None:
         _close_quietly(self.request_conn, self.response_conn)
         self.pool = None  # unmapped once the main process drops its last view of it
-
-
-def ignore_job_signals() -> None:
-    """In a child process: SIGTERM and SIGINT are ignored. A child lives exactly as long as the
-    training process needs it: it exits when asked, when the training process is gone (see
-    :class:`ParentWatch`), or is killed at shutdown (at the latest when the interpreter exits).
-
-    * Preemption (SLURM's, a process group's) sends SIGTERM to every process of the job, and the
-      training process then finishes its step and saves a checkpoint: a worker that died of the
-      signal could fail that step instead. (With ``fork`` a child inherited the training
-      process's Python handler; with ``spawn`` and ``forkserver`` it died.)
-    * Ctrl-C sends SIGINT to the whole foreground process group: the training process gets its
-      ``KeyboardInterrupt`` and shuts its workers down; a worker must neither print a traceback
-      of its own nor die first, which the training process would report as a dead worker.
-    """
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class ParentWatch:

@@ -67,10 +67,10 @@ from torchdata_snapshot.core.transport.channel import (
     Endpoint,
     ParentGone,
     ParentWatch,
-    ignore_job_signals,
     wait_any,
 )
 from torchdata_snapshot.core.transport.item_codec import ItemEncoder
+from torchdata_snapshot.core.worker.signals import ignore_job_signals
 
 __all__ = [
     "DispatchedSource",

@@ -67,12 +67,12 @@ from torchdata_snapshot.core.transport.channel import (
     Endpoint,
     ParentGone,
     ParentWatch,
-    ignore_job_signals,
 )
 from torchdata_snapshot.core.transport.item_codec import ItemEncoder, ItemPool
 from torchdata_snapshot.core.transport.outbox import Outbox
 from torchdata_snapshot.core.worker.dispatcher import DispatchedSource, find_dispatched_sources
 from torchdata_snapshot.core.worker.epoch import WorkerEpoch
+from torchdata_snapshot.core.worker.signals import ignore_job_signals
 from torchdata_snapshot.graph_state.file_origins import check_opened
 from torchdata_snapshot.graph_state.state_functions import (
     StateFunctions,

@@ -1,0 +1,40 @@
+"""A reading service's child processes leave SIGTERM and SIGINT to the training process, which ends
+them: a job's preemption signal or a Ctrl-C reaches every process of the group at once, and a
+worker that died of it first would fail the step the training process is finishing."""
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from torchdata_snapshot.core.worker.signals import ignore_job_signals
+
+pytestmark = pytest.mark.skipif(
+    sys.platform == "win32", reason="on Windows os.kill ends a process whatever its handlers"
+)
+
+
+def signalled(ignore: bool, signum: int) -> subprocess.CompletedProcess:
+    """A fresh Python that sends itself ``signum`` (after ``ignore_job_signals()`` if ``ignore``)."""
+    code = (
+        "import os, signal\n"
+        f"from {ignore_job_signals.__module__} import ignore_job_signals\n"
+        f"{'ignore_job_signals()' if ignore else 'pass'}\n"
+        f"os.kill(os.getpid(), {int(signum)})\n"
+        "print('still running')\n"
+    )
+    command = [sys.executable, "-W", "ignore", "-c", code]  # (torchdata warns that it is deprecated)
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_child_that_ignores_job_signals_outlives_them(signum: int) -> None:
+    done = signalled(True, signum)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "still running\n", "")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_without_it_the_same_signal_ends_the_process(signum: int) -> None:
+    done = signalled(False, signum)
+    assert done.stdout == "" and done.returncode != 0, "the signal ends it (SIGINT: KeyboardInterrupt)"
