@@ -81,7 +81,7 @@ PREFETCHER_PAUSE_CHECK_S = 0.001
 
 #: The tensor pool (on by default where the platform has it): the most a slot, which holds the
 #: tensors of one item, may grow to (``tensor_pool_slot_bytes``), and the size it starts at
-#: (see NOTE [ Tensor pool ] in ``tensor_pool/pool.py``, "Sizes").
+#: (see NOTE [ Tensor pool ] in the tensor pool's module, "Sizes").
 TENSOR_POOL_SLOT_BYTES = 64 << 20
 TENSOR_POOL_START_SLOT_BYTES = 1 << 20
 

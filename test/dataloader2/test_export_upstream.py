@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -276,6 +277,48 @@ def test_no_line_the_series_adds_says_upstream(series: Path) -> None:
     added = [line for line in diff if line.startswith("+") and not line.startswith("+++")]
     assert len(added) > 10_000, "the whole series"
     assert [line for line in added if "upstream" in line.lower()] == []
+
+
+#: A Sphinx role naming a place by its dotted path (``:mod:`torchdata.x```, ``:class:`~torchdata.x.Y```).
+DOTTED_REFERENCE = re.compile(r":(?:mod|class|func|meth|attr|data|exc):`~?(torchdata\.[\w.]+)`")
+
+
+@series_test
+@pytest.mark.parametrize("pr", [1, 2, 3, 4, 5])
+def test_at_each_pull_requests_tip_the_docstrings_name_places_that_exist(series: Path, pr: int) -> None:
+    """A docstring of the core names the plug-in interface, not a feature's module that a later
+    pull request adds: every dotted reference the stack has added so far resolves."""
+    tip = f"series-{pr}"
+    diff = git(series, "diff", f"{TAG}..{tip}", "--", "torchdata").splitlines()
+    added = "\n".join(line for line in diff if line.startswith("+"))
+    references = sorted(set(DOTTED_REFERENCE.findall(added)))
+    assert len(references) >= (1 if pr == 1 else 40), references
+    code = (
+        "import importlib, sys\n"
+        "unresolved = []\n"
+        f"for ref in {references!r}:\n"
+        "    parts = ref.split('.')\n"
+        "    for i in range(len(parts), 0, -1):\n"
+        "        try:\n"
+        "            found = importlib.import_module('.'.join(parts[:i]))\n"
+        "        except ImportError:\n"
+        "            continue\n"
+        "        for name in parts[i:]:\n"
+        "            found = getattr(found, name, None)\n"
+        "        break\n"
+        "    else:\n"
+        "        found = None\n"
+        "    if found is None:\n"
+        "        unresolved.append(ref)\n"
+        "print('\\n'.join(unresolved))\n"
+    )
+    git(series, "checkout", "-q", tip)
+    try:
+        done = run_in(series, code)
+    finally:
+        git(series, "checkout", "-q", "series")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == [], f"named at {tip} but not there"
 
 
 @series_test

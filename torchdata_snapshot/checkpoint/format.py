@@ -46,7 +46,7 @@ Keys (``Checkpoint.to_plain()``)::
                   (1 and 0 without it), or None (unknown)
     remaining     what earlier elastic resumes of this epoch had delivered, one ``Level`` per
                   resume: {"whole": elements handed on whole, "partial": items handed on of the
-                  next element}, one count per sharding instance in each (see ``elastic.remaining``)
+                  next element}, one count per sharding instance in each (elastic resume)
     ranks         every rank's per-worker ["taken", "partial"], by rank (``gather_elastic_state``),
                   or None (not gathered; a job of one rank does not need it)
     checksum      digest of all the above; any change to the state is detected

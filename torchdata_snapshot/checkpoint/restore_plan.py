@@ -5,7 +5,8 @@ service's configuration before any process starts (:func:`plan_restore`), and ke
 :class:`PendingRestore` it gets until the next ``initialize_iteration`` starts that epoch: an
 exact resume (the same ``num_workers`` and world size: each worker replays its stream, or the
 main process replays the user's position), or, with ``elastic=True``, the epoch's start over
-the elements the user had not received (see :mod:`torchdata_snapshot.elastic.resume`).
+the elements the user had not received (elastic resume, an optional feature: see
+:data:`~torchdata_snapshot.core.plugins.ElasticStart`).
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ class ElasticEpoch:
     """An epoch resumed elastically: its ``levels``, and ``head_states``, the graph states
     ``(sharding instance, state)`` that the workers before the last level captured in it, from
     which a new worker may start its pre-sharding part (none for an exact restore of an elastic
-    epoch; see :func:`~torchdata_snapshot.elastic.remaining.load_head_start`)."""
+    epoch; see :class:`~torchdata_snapshot.core.plugins.ElasticWorker`)."""
 
     levels: Tuple[Level, ...]
     head_states: Tuple[Tuple[int, bytes], ...] = ()
@@ -203,7 +203,7 @@ class ResetEpochRequest(Request):
     """Start epoch ``epoch``: seed the graph, reset its iterator, then wait for ``GetNextRequest``.
     ``elastic`` (for an epoch resumed elastically) says which elements of the
     epoch remain for the sharding filter to deal, and which captured states may spare running the
-    pre-sharding part from the epoch's start (see :mod:`torchdata_snapshot.elastic.remaining`)."""
+    pre-sharding part from the epoch's start (see :class:`ElasticEpoch`)."""
 
     seed_generator: Any
     iter_reset_fn: Optional[Callable[[Any], Any]]
@@ -282,9 +282,9 @@ class ItemsResponse(Response):
     unsigned 64-bit integers (``array("Q")``; see :mod:`torchdata_snapshot.checkpoint.digest`). ``shared``
     counts the items that hold shared memory (tensors), whose size the payload does not tell.
     ``taken`` holds, per item, how many elements the graph's sharding filter had taken when it
-    was yielded (``array("q")``; see :mod:`torchdata_snapshot.elastic.resume`), when counted, and
+    was yielded (``array("q")``; for elastic resume), when counted, and
     ``partial`` the items of the last of them that the graph's expander had handed on, when it
-    has one (see :mod:`torchdata_snapshot.elastic.element_progress`). ``opened`` lists, for the items
+    has one (see :class:`~torchdata_snapshot.core.plugins.ElasticWorker`). ``opened`` lists, for the items
     whose production opened files, ``(index in the batch, pickled tuple of FileOrigin)``: what a
     restore checks of the files it reads again (see :mod:`torchdata_snapshot.graph_state.file_origins`)."""
 

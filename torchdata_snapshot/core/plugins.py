@@ -1,11 +1,11 @@
 """The optional features the core can use, through small typed interfaces the core owns.
 
-Self-healing (``healing/``), elastic resume (``elastic/``) and the tensor pool (``tensor_pool/``)
-are folders of their own: the core and the checkpoint import none of them. The core asks
-:func:`installed` for a feature where it plugs in, and finds it by its module's name (``FEATURES``),
-imported the first time it is asked for. Without a feature's folder the package works as it does
-with the feature's option off; asking for the option raises ``ValueError`` naming the missing
-folder (see the docs' design page).
+Self-healing, elastic resume and the tensor pool are modules of their own (``FEATURES`` names
+them): the core and the checkpoint import none of them. The core asks :func:`installed` for a
+feature where it plugs in, and finds it by its module's name, imported the first time it is asked
+for. Without a feature's module the package works as it does with the feature's option off;
+asking for the option raises ``ValueError`` naming the missing module (see the docs' design
+page).
 """
 
 from __future__ import annotations
@@ -105,15 +105,15 @@ class TensorPoolFeature(Protocol):
 
 @dataclass(frozen=True)
 class Plugins:
-    """What the installed features offer; ``None`` where a feature's folder is not there."""
+    """What the installed features offer; ``None`` where a feature's module is not there."""
 
-    #: ``healing/``: replaces dead workers (``restart_dead_workers``).
+    #: Self-healing: replaces dead workers (``restart_dead_workers``).
     replacer: Optional[ReplacerFactory] = None
-    #: ``elastic/``: restores with another number of workers or ranks (``elastic=True``).
+    #: Elastic resume: restores with another number of workers or ranks (``elastic=True``).
     elastic_start: Optional[ElasticStart] = None
-    #: ``elastic/``: makes each worker's ``ElasticWorker`` (``() -> ElasticWorker``).
+    #: Elastic resume: makes each worker's ``ElasticWorker`` (``() -> ElasticWorker``).
     elastic_worker: Optional[Callable[[], ElasticWorker]] = None
-    #: ``tensor_pool/``: a worker's pool of shared-memory slots for the tensors of its items
+    #: The tensor pool: a worker's pool of shared-memory slots for the tensors of its items
     #: (``tensor_pool``: on by default where the platform has it), made in the main process
     #: before the worker starts.
     tensor_pool: Optional[TensorPoolFeature] = None
@@ -135,7 +135,7 @@ def installed() -> Plugins:
     for field, (module, name) in FEATURES.items():
         try:
             there = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:  # the feature's folder is gone
+        except ModuleNotFoundError:  # the feature's module is not there
             there = False
         if there:
             found[field] = getattr(importlib.import_module(module), name)
@@ -155,13 +155,13 @@ def require(feature: str, option: str) -> Any:
 def uses_tensor_pool(option: Optional[bool]) -> bool:
     """Whether workers get a tensor pool: ``option`` ``None`` (the default) where the feature is
     installed and the platform has it, ``True`` always (else ``ValueError`` naming what is
-    missing: the folder, or the platform), ``False`` never."""
+    missing: the module, or the platform), ``False`` never."""
     if option is False:
         return False
     feature = installed().tensor_pool
     if feature is None:
         if option:
-            require("tensor_pool", "tensor_pool=True")  # raises, naming the folder
+            require("tensor_pool", "tensor_pool=True")  # raises, naming the module
         return False
     reason = feature.unavailable()
     if reason is not None:
@@ -180,8 +180,8 @@ _own_starts = threading.local()
 @contextlib.contextmanager
 def own_process_start() -> Iterator[None]:
     """Around ``Process.start()`` of a process the reading service starts (a worker, the
-    dispatching process). A feature that watches this process's forks (the tensor pool, see
-    :mod:`torchdata_snapshot.tensor_pool.leases`) tells such a fork from the user's with
+    dispatching process). A feature that watches this process's forks (the tensor pool's lent
+    slots) tells such a fork from the user's with
     :func:`starting_own_process`: the reading service's processes read none of the user's items."""
     _own_starts.active = True
     try:

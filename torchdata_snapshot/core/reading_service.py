@@ -287,7 +287,7 @@ class MultiProcessingReadingService(
         ``graph_state.moved_roots``). The epoch restarts with its recorded seeds and each
         worker replays the items the user already received (from its latest captured graph
         state, if any). With ``elastic=True``, a state taken with another ``num_workers`` or world
-        size restarts the epoch over the elements the user had not received (see ``elastic.resume``).
+        size restarts the epoch over the elements the user had not received (see the checkpointing docs).
         """
         self._check_open()
         plan = self._plan(datapipe, serialized_state)

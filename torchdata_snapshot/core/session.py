@@ -110,7 +110,7 @@ class Session:
     epoch: int = NO_EPOCH
     pending: Optional[PendingRestore] = None
     epoch_seed: Optional[dict] = None  # SeedGenerator state at the start of the epoch
-    elastic: Optional[ElasticEpoch] = None  # the epoch resumed elastically (see the elastic/ folder)
+    elastic: Optional[ElasticEpoch] = None  # the epoch resumed elastically (see ElasticEpoch)
     paused: bool = False
     main_datapipes: List[DataPipe] = field(init=False)  # what runs in this process
 

@@ -1,11 +1,11 @@
 """The state functions of DataPipe types that have no state methods of their own.
 
-:func:`~torchdata_snapshot.register_state_functions` records them on the class itself, as
-:func:`~torchdata_snapshot.register_elastic` records its declaration, not in a table of this
-module. A worker started by ``spawn`` or ``forkserver`` imports the class anew but does not run
-the code that registered them (a script's ``main()``): the main process sends each worker those
-of its graph's types (:func:`graph_state_functions`), checked to pickle
-(:func:`check_state_functions_pickle`), and the worker's ``GraphState`` uses them.
+:func:`~torchdata_snapshot.register_state_functions` records them on the class itself, as elastic
+resume's ``register_elastic`` records its declaration, not in a table of this module. A worker
+started by ``spawn`` or ``forkserver`` imports the class anew but does not run the code that
+registered them (a script's ``main()``): the main process sends each worker those of its graph's
+types (:func:`graph_state_functions`), checked to pickle (:func:`check_state_functions_pickle`),
+and the worker's ``GraphState`` uses them.
 """
 
 from __future__ import annotations

@@ -158,7 +158,8 @@ class WorkerConsumer(IterDataPipe):
         elastic: Optional[ElasticEpoch] = None,
     ) -> None:
         """Reset every worker to ``epoch``; everything still in flight from before is dropped.
-        ``elastic``: the epoch resumes elastically (see :mod:`torchdata_snapshot.elastic.remaining`).
+        ``elastic``: the epoch resumes elastically (see
+        :class:`~torchdata_snapshot.core.messages.ElasticEpoch`).
 
         The workers produce nothing until :meth:`start_epoch` grants them credit, so that the
         dispatching process (if any) can be reset, and a restore replayed, in between.

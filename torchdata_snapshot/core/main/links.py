@@ -6,7 +6,7 @@ are returned), sending a request, and asking every worker at once and collecting
 Every wait is bounded; an exchange that does not complete leaves the links ``broken`` (a message
 may be lost, so nothing is read any more) and the reading service shuts down. A worker found dead
 during an epoch (from its reset on) is replaced when self-healing allows it
-(:mod:`torchdata_snapshot.healing.replacer`).
+(:class:`~torchdata_snapshot.core.plugins.Replacer`).
 See NOTE [ Snapshot protocol ] in :mod:`torchdata_snapshot.core.messages`.
 """
 

@@ -83,8 +83,8 @@ class Runtime(Protocol):
 def start_runtime(datapipe: DataPipe, options: RuntimeOptions) -> Tuple[Runtime, Outlet]:
     """Run ``datapipe`` as ``options`` say: in worker processes (``num_workers > 0``; with
     ``tensor_pool_slot_bytes``, each worker gets a tensor pool whose slots grow up to that size,
-    see :mod:`torchdata_snapshot.tensor_pool.pool`) or in this process; and the outlet, the last
-    DataPipe, that counts what the user receives from it."""
+    see :class:`~torchdata_snapshot.core.plugins.TensorPoolFeature`) or in this process; and the
+    outlet, the last DataPipe, that counts what the user receives from it."""
     runtime: Runtime
     worker = options.worker
     if options.num_workers:

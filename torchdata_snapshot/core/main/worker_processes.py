@@ -137,7 +137,7 @@ class WorkerProcesses:
     ) -> WorkerProcesses:
         """Split ``datapipe`` and start its processes; the graph is checked before any starts.
         ``tensor_pool``: each worker gets a pool of that size (see
-        :mod:`torchdata_snapshot.tensor_pool.pool`)."""
+        :class:`~torchdata_snapshot.core.plugins.TensorPoolFeature`)."""
         graph = traverse_dps(datapipe)
         dispatching_dp = find_lca_round_robin_sharding_dp(graph)
         if dispatching_dp is not None:
@@ -207,7 +207,7 @@ class WorkerProcesses:
         """Reset every process to ``epoch`` (workers first: one of them may be waiting for a
         dispatched item of the old epoch), replay a restore, then let the workers produce.
         ``resume``: the restore the epoch resumes, exactly or elastically (see
-        :mod:`torchdata_snapshot.elastic.remaining`)."""
+        :class:`~torchdata_snapshot.checkpoint.restore_plan.PendingRestore`)."""
         # The main process's DataPipes (the non-replicable tail) are seeded from the generator
         # itself, each worker from its spawn, as torchdata does.
         set_graph_random_seed(outlet, seed_generator)
@@ -299,7 +299,8 @@ class WorkerProcesses:
 
 
 def _replacer(launcher: ProcessLauncher, faults: FaultOptions) -> Optional[Replacer]:
-    """Self-healing when ``restart_dead_workers`` asks for it (the ``healing/`` feature)."""
+    """Self-healing when ``restart_dead_workers`` asks for it (an optional feature: see
+    :class:`~torchdata_snapshot.core.plugins.Replacer`)."""
     if not faults.restart_dead_workers:
         return None
     make = require("replacer", "restart_dead_workers")

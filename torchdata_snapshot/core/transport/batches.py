@@ -42,7 +42,7 @@ class QueuedItem:
     """An item pickled by its producer, waiting to be sent, with the stream's running digest
     after it (``None`` when digests are off), whether it shares memory with the reader, and the
     elements its graph's sharding filter had taken when it was yielded (``None``: not counted,
-    see :mod:`torchdata_snapshot.elastic.resume`) and the items of the last of them handed on
+    see :class:`~torchdata_snapshot.core.plugins.ElasticWorker`) and the items of the last of them handed on
     (``partial``; ``None``: the graph has no expander), and the files opened while it was
     produced (``opened``: a pickled tuple of ``FileOrigin``, ``None`` when none was)."""
 
@@ -61,7 +61,7 @@ class QueuedItem:
     ) -> None:
         self.epoch, self.payload, self.digest, self.shared = epoch, payload, digest, shared
         self.taken, self.partial = taken, partial
-        self.slot = slot  # the tensor pool slot its tensors were copied into (see _tensor_pool)
+        self.slot = slot  # the tensor pool slot its tensors were copied into (see ItemPool)
         self.opened = opened
 
 

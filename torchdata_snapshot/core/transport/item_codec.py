@@ -21,7 +21,8 @@ __all__ = ["ItemDecoder", "ItemEncoder", "ItemPool"]
 
 class ItemPool(Protocol):
     """Shared memory an item's tensors travel through instead of their own segments: what the
-    channel asks of a :class:`~torchdata_snapshot.tensor_pool.pool.TensorPool` (which implements it)."""
+    channel asks of the tensor pool (an optional feature: see
+    :class:`~torchdata_snapshot.core.plugins.TensorPoolFeature`)."""
 
     def begin_item(self) -> None:
         """An item is about to be pickled (worker side)."""
@@ -81,7 +82,7 @@ class ItemEncoder:
     tells whether the item :meth:`dumps` pickled last shares memory with the reader: then its
     payload does not measure its size.
 
-    With a ``pool`` (a worker's :class:`~torchdata_snapshot.tensor_pool.pool.TensorPool`), :meth:`dumps`
+    With a ``pool`` (a worker's :class:`ItemPool`), :meth:`dumps`
     copies the item's tensors into a slot of it where they fit; ``slot`` is then that slot.
     """
 
