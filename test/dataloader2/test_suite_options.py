@@ -79,3 +79,23 @@ def test_a_start_method_the_platform_lacks_is_skipped_saying_why(
     conftest.pytest_collection_modifyitems([fork, spawn, other])
     assert [m.kwargs["reason"] for m in fork.markers] == [f"no 'fork' start method on {sys.platform}"]
     assert spawn.markers == [] and other.markers == []
+
+
+def test_the_leak_guard_counts_no_tensor_pools_where_there_is_no_proc(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """macOS and Windows have no /proc (and no memfd, so no pool): the autouse guard must not fail
+    every test there by reading /proc/self/maps."""
+    import builtins
+
+    import conftest
+
+    real_open = builtins.open
+
+    def without_proc(path: object, *args: object, **kwargs: object) -> object:
+        if str(path).startswith("/proc/"):
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(builtins, "open", without_proc)
+    assert conftest._mapped_pools() == 0

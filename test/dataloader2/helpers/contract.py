@@ -51,6 +51,10 @@ def _caches_loaded_state() -> bool:
 DATALOADER2_CACHES_LOADED_STATE = _caches_loaded_state()
 
 
+#: The start method of a configuration that names none, and of the processes restores run in.
+DEFAULT_CONTEXT = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
 @dataclass(frozen=True)
 class Config:
     """One configuration of the contract matrix (docs/contract.rst, "What it is tested over")."""
@@ -59,7 +63,7 @@ class Config:
     num_workers: int
     worker_prefetch_cnt: int = 10
     main_prefetch_cnt: int = 10
-    context: str = "fork"
+    context: str = DEFAULT_CONTEXT
     n: int = 40
     seed: Optional[int] = 0
     epoch: int = 1  # the epoch (0-based) in which states are taken
@@ -187,7 +191,9 @@ def _serve(conn: Any) -> None:
 
     import torchdata_snapshot  # noqa: F401
 
-    fork = multiprocessing.get_context("fork")
+    # Forked from a process that imported everything: a restore starts in milliseconds. Where
+    # there is no fork (Windows), each restore is a spawned process, slower but as fresh.
+    fork = multiprocessing.get_context(DEFAULT_CONTEXT)
     while True:
         task = conn.recv()
         if task is None:
