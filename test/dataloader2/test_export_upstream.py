@@ -70,6 +70,15 @@ def run_in(repo: Path, code: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
 
 
+def run_at(series: Path, tip: str, code: str) -> subprocess.CompletedProcess:
+    """:func:`run_in` with ``tip`` checked out; the series' tip is checked out again after."""
+    git(series, "checkout", "-q", tip)
+    try:
+        return run_in(series, code)
+    finally:
+        git(series, "checkout", "-q", "series")
+
+
 @pytest.fixture(scope="module")
 def tools_bin() -> Path:
     missing = [name for name in ("ufmt", "pyupgrade", "flake8") if not (TOOLS_BIN / name).is_file()]
@@ -203,7 +212,6 @@ def test_the_series_is_a_stack_of_pull_requests_the_rfc_first(series: Path) -> N
 
 @series_test
 def test_at_the_rfcs_tip_two_workers_answer_snapshot_mid_epoch(series: Path) -> None:
-    git(series, "checkout", "-q", "series-1")
     code = (
         "import torchdata.dataloader2 as d\n"
         "from torchdata.datapipes.iter import IterableWrapper\n"
@@ -216,10 +224,7 @@ def test_at_the_rfcs_tip_two_workers_answer_snapshot_mid_epoch(series: Path) -> 
         "assert sorted(head + list(it)) == list(range(30)), 'every item once'\n"
         "dl.shutdown()\n"
     )
-    try:
-        done = run_in(series, code)
-    finally:
-        git(series, "checkout", "-q", "series")
+    done = run_at(series, "series-1", code)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -236,7 +241,6 @@ FEATURES = [
 def test_the_checkpointable_pull_request_resumes_without_the_optional_features(series: Path) -> None:
     """At PR 2's tip none of the optional features' modules exists: an epoch resumes exactly, the
     pool's default quietly means off, and asking for a feature is refused naming its module."""
-    git(series, "checkout", "-q", "series-2")
     code = (
         "import importlib.util, torchdata.dataloader2 as d\n"
         "from torchdata.datapipes.iter import IterableWrapper\n"
@@ -261,10 +265,7 @@ def test_the_checkpointable_pull_request_resumes_without_the_optional_features(s
         "    else:\n"
         "        raise AssertionError(f'{option} was not refused')\n"
     )
-    try:
-        done = run_in(series, code)
-    finally:
-        git(series, "checkout", "-q", "series")
+    done = run_at(series, "series-2", code)
     assert done.returncode == 0, done.stderr[-3000:]
     for _, _, module in FEATURES:
         assert (series / (module.replace(".", "/") + ".py")).is_file(), f"{module} at the stack's tip"
@@ -312,11 +313,7 @@ def test_at_each_pull_requests_tip_the_docstrings_name_places_that_exist(series:
         "        unresolved.append(ref)\n"
         "print('\\n'.join(unresolved))\n"
     )
-    git(series, "checkout", "-q", tip)
-    try:
-        done = run_in(series, code)
-    finally:
-        git(series, "checkout", "-q", "series")
+    done = run_at(series, tip, code)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == [], f"named at {tip} but not there"
 
