@@ -369,7 +369,13 @@ def test_messages_worker_and_reading_service_change_in_place(series: Path) -> No
     git(series, "checkout", "-q", "series")
     messages = (series / "torchdata/dataloader2/communication/messages.py").read_text()
     assert messages.count("class PauseRequest(") == 1 and "class GetStateRequest(" in messages
-    assert "class WorkerLoop(" in (series / "torchdata/dataloader2/utils/worker.py").read_text()
+    worker = (series / "torchdata/dataloader2/utils/worker.py").read_text()
+    assert "def prepare_worker_graph(" in worker and worker.count("def process_init_fn(") == 1
+    assert "class WorkerLoop(" in (series / "torchdata/dataloader2/utils/worker_loop.py").read_text()
+    untouched = git(
+        series, "diff", "--name-only", f"{TAG}..series", "--", "torchdata/dataloader2/utils/__init__.py"
+    )
+    assert untouched == "", "the worker loop is a module of its own: no import cycle to break there"
     code = (
         "import torchdata.dataloader2 as d, torchdata.dataloader2.reading_service as r\n"
         "assert d.MultiProcessingReadingService is r.MultiProcessingReadingService\n"

@@ -39,13 +39,11 @@ _TEST_PART = re.compile(
 @dataclass(frozen=True)
 class Placement:
     """Where one module goes: ``path`` in torchdata's tree; ``merge`` into the upstream file there
-    (its names replacing upstream's of the same name); ``late_imports`` puts the module's imports
-    after upstream's definitions (for ``utils/worker.py``, which the imported modules import back)."""
+    (its names replacing upstream's of the same name)."""
 
     module: str
     path: str
     merge: bool = False
-    late_imports: bool = False
 
     @property
     def dotted(self) -> str:

@@ -149,9 +149,9 @@ def _as_comment(docstring: str) -> str:
 def merge(upstream: str, ours: str, placement: Placement) -> str:
     """``ours`` (already rewritten) merged into the upstream file ``upstream``: upstream's
     definitions of the names ours defines are deleted, ours follow upstream's code under a comment
-    that carries our module docstring, imports join upstream's (or open our section with
-    ``late_imports``), names imported from the file itself are used directly, upstream imports
-    nothing uses any more are dropped, and ``__all__`` lists both."""
+    that carries our module docstring, imports join upstream's, names imported from the file
+    itself are used directly, upstream imports nothing uses any more are dropped, and ``__all__``
+    lists both."""
     target = placement.dotted
     up_tree, our_tree = ast.parse(upstream), ast.parse(ours)
     our_lines = ours.splitlines(keepends=True)
@@ -220,14 +220,8 @@ def merge(upstream: str, ours: str, placement: Placement) -> str:
 
     import_block = "\n".join(sorted(plain_imports) + [_import_statement(m, n) for m, n in sorted(imports)])
     section = f"\n\n{_as_comment(docstring)}" if docstring else "\n\n"
-    if placement.late_imports and import_block:
-        section += (
-            "\n# Imported here, after this file's own definitions: the modules below import them back.\n"
-            + import_block
-            + "\n\n"
-        )
     text = upstream_kept.rstrip("\n") + "\n" + section + "\n" + body + "\n"
-    if import_block and not placement.late_imports:
+    if import_block:
         text = _insert_imports(text, import_block)
     text = _drop_unused_imports(text, keep=_all_names(ast.parse(upstream)) or [])
     our_all = _all_names(our_tree)

@@ -23,7 +23,7 @@ from torchdata_snapshot.checkpoint.restore_plan import PendingRestore
 from torchdata_snapshot.checkpoint.rng_states import IsolatedRNG
 from torchdata_snapshot.core.graph import datapipe_state_dicts, datapipe_yields, graph_datapipes
 from torchdata_snapshot.core.main.outlet import Outlet
-from torchdata_snapshot.core.worker.loop import prepare_worker_graph
+from torchdata_snapshot.core.worker.worker_graph import prepare_worker_graph
 
 __all__ = ["InProcess"]
 

@@ -8,20 +8,15 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
-from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
-from torchdata.dataloader2.graph import DataPipe, find_dps, replace_dp, traverse_dps
+from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.utils.worker import WorkerInfo, process_reset_fn
-from torchdata.datapipes.iter import IterDataPipe
-from torchdata.datapipes.map import MapDataPipe
 
 from torchdata_snapshot._compat import (
-    DispatchPlaceholder,
     ExceptionWrapper,
     extract_wrapper,
-    find_non_dispatching_branches,
 )
 from torchdata_snapshot._constants import (
     LIVENESS_CHECK_INTERVAL_S,
@@ -73,6 +68,7 @@ from torchdata_snapshot.core.transport.outbox import Outbox
 from torchdata_snapshot.core.worker.dispatcher import DispatchedSource, find_dispatched_sources
 from torchdata_snapshot.core.worker.epoch import WorkerEpoch
 from torchdata_snapshot.core.worker.signals import ignore_job_signals
+from torchdata_snapshot.core.worker.worker_graph import prepare_worker_graph
 from torchdata_snapshot.graph_state.file_origins import check_opened
 from torchdata_snapshot.graph_state.state_functions import (
     StateFunctions,
@@ -81,7 +77,6 @@ from torchdata_snapshot.graph_state.worker_states import WorkerStates
 
 __all__ = [
     "WorkerLoop",
-    "prepare_worker_graph",
     "run_worker",
 ]
 
@@ -384,42 +379,6 @@ WorkerLoop.HANDLERS = {
 }
 
 
-def prepare_worker_graph(
-    datapipe: DataPipe,
-    worker_info: WorkerInfo,
-    custom_init_fn: Optional[Callable[[DataPipe, WorkerInfo], DataPipe]] = None,
-    dispatcher_link: Optional[Channel] = None,
-) -> DataPipe:
-    """Shard the replicable graph for this worker, then apply ``custom_init_fn`` (``worker_init_fn``).
-
-    With a dispatching process, the placeholder where the dispatched part was becomes a
-    :class:`DispatchedSource` reading ``dispatcher_link``, and only the branches that do not
-    come from it are sharded. Raises ``TypeError`` if ``worker_init_fn`` returns no DataPipe.
-    """
-    graph = traverse_dps(datapipe)
-    placeholders = find_dps(graph, DispatchPlaceholder)
-    if not placeholders:
-        torch.utils.data.graph_settings.apply_sharding(
-            datapipe, worker_info.num_workers, worker_info.worker_id, SHARDING_PRIORITIES.MULTIPROCESSING
-        )
-    else:
-        if len(placeholders) != 1 or dispatcher_link is None:
-            raise ProtocolError(
-                "a worker graph with a dispatched part needs exactly one link to the dispatcher"
-            )
-        for branch in find_non_dispatching_branches(graph):
-            torch.utils.data.graph_settings.apply_sharding(
-                branch, worker_info.num_workers, worker_info.worker_id, SHARDING_PRIORITIES.MULTIPROCESSING
-            )
-        graph = replace_dp(graph, placeholders[0], DispatchedSource(dispatcher_link))
-        datapipe = list(graph.values())[0][0]
-    if custom_init_fn is not None:
-        datapipe = custom_init_fn(datapipe, worker_info)
-        if not isinstance(datapipe, (IterDataPipe, MapDataPipe)):
-            raise TypeError(f"worker_init_fn returned {type(datapipe).__name__}, not a DataPipe")
-    return datapipe
-
-
 def run_worker(
     datapipe: DataPipe,
     endpoint: Endpoint,
@@ -442,8 +401,9 @@ def run_worker(
         dispatcher_link.bind("dispatching process", watch=endpoint.check_parent, pid=dispatcher_pid)
     init_error = None
     try:
+        dispatched = None if dispatcher_link is None else DispatchedSource(dispatcher_link)
         datapipe = prepare_worker_graph(
-            extract_wrapper(datapipe), worker_info, options.custom_init_fn, dispatcher_link
+            extract_wrapper(datapipe), worker_info, options.custom_init_fn, dispatched
         )
     except Exception:
         init_error = ExceptionWrapper(

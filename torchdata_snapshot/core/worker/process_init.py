@@ -2,9 +2,9 @@
 (``InProcessReadingService``'s, for one).
 
 A graph with a dispatched part (``sharding_round_robin_dispatch``) is the worker loop's to make:
-:func:`~torchdata_snapshot.core.worker.loop.prepare_worker_graph` links it to the dispatching
-process. Here a graph has none, and one that has is refused, where torchdata's own function
-linked it to the queue-based loop's queues.
+it gives :func:`~torchdata_snapshot.core.worker.worker_graph.prepare_worker_graph` the source
+that reads from the dispatching process. Here a graph has none, and one that has is refused,
+where torchdata's own function linked it to the queue-based loop's queues.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Callable, Optional
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.utils.worker import WorkerInfo
 
-from torchdata_snapshot.core.worker.loop import prepare_worker_graph
+from torchdata_snapshot.core.worker.worker_graph import prepare_worker_graph
 
 __all__ = ["process_init_fn"]
 
