@@ -70,6 +70,18 @@ def run_in(repo: Path, code: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
 
 
+#: Code that takes a state mid-epoch from ``rs``, a 2-worker reading service over 20 items, and
+#: checks that DataLoader2.from_state resumes exactly there (``d``: torchdata.dataloader2).
+RESUMES_MID_EPOCH = (
+    "dl = d.DataLoader2(IterableWrapper(range(20)).sharding_filter(), reading_service=rs)\n"
+    "it = iter(dl); head = [next(it) for _ in range(7)]; state = dl.state_dict(); rest = list(it)\n"
+    "dl.shutdown()\n"
+    "again = d.DataLoader2.from_state(state, d.MultiProcessingReadingService(num_workers=2))\n"
+    "assert list(again) == rest, 'resumed exactly'\n"
+    "again.shutdown()\n"
+)
+
+
 def run_at(series: Path, tip: str, code: str) -> subprocess.CompletedProcess:
     """:func:`run_in` with ``tip`` checked out; the series' tip is checked out again after."""
     git(series, "checkout", "-q", tip)
@@ -251,13 +263,8 @@ def test_the_checkpointable_pull_request_resumes_without_the_optional_features(s
         "handlers = logging.getLogger('torchdata.dataloader2').handlers\n"
         "assert any(isinstance(h, logging.NullHandler) for h in handlers), 'a library logger'\n"
         "rs = d.MultiProcessingReadingService(num_workers=2)\n"
-        "dl = d.DataLoader2(IterableWrapper(range(20)).sharding_filter(), reading_service=rs)\n"
-        "it = iter(dl); head = [next(it) for _ in range(7)]; state = dl.state_dict(); rest = list(it)\n"
-        "dl.shutdown()\n"
-        "again = d.DataLoader2.from_state(state, d.MultiProcessingReadingService(num_workers=2))\n"
-        "assert list(again) == rest, 'resumed exactly'\n"
-        "again.shutdown()\n"
-        "for option, value, module in features:\n"
+        + RESUMES_MID_EPOCH
+        + "for option, value, module in features:\n"
         "    try:\n"
         "        d.MultiProcessingReadingService(num_workers=1, **{option: value})\n"
         "    except ValueError as e:\n"
@@ -440,12 +447,7 @@ def test_the_exported_tree_resumes_mid_epoch(series: Path) -> None:
         f"assert torchdata.__file__.startswith({str(series)!r})\n"
         "from torchdata.datapipes.iter import IterableWrapper\n"
         "rs = d.MultiProcessingReadingService(num_workers=2, multiprocessing_context='fork')\n"
-        "dl = d.DataLoader2(IterableWrapper(range(20)).sharding_filter(), reading_service=rs)\n"
-        "it = iter(dl); head = [next(it) for _ in range(7)]; state = dl.state_dict(); rest = list(it)\n"
-        "dl.shutdown()\n"
-        "again = d.DataLoader2.from_state(state, d.MultiProcessingReadingService(num_workers=2))\n"
-        "assert list(again) == rest, 'resumed exactly'\n"
-        "again.shutdown()\n"
+        + RESUMES_MID_EPOCH
     )
     done = run_in(series, code)
     assert done.returncode == 0, done.stderr[-3000:]
