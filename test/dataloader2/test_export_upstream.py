@@ -642,6 +642,20 @@ def test_two_modules_share_a_file_only_when_both_merge_into_it() -> None:
         manifest.check(replace(loaded, placements=unmerged))
 
 
+def test_a_module_merges_into_an_upstream_file_that_imports_nothing() -> None:
+    """torchdata's error.py has no import: ours go after its license header, before its code."""
+    rewrite, manifest = tool("rewrite"), tool("manifest")
+    upstream = "# Copyright header.\n\n\nclass PauseIteration(StopIteration):\n    pass\n"
+    ours = '"""Our errors."""\n\nimport sys\n\n\nclass Wrapper(Exception):\n    where = sys.platform\n'
+    placement = manifest.Placement("_errors", "torchdata/dataloader2/error.py", merge=True)
+    text = rewrite.merge(upstream, ours, placement)
+    compile(text, "error.py", "exec")
+    lines = text.splitlines()
+    assert lines[0] == "# Copyright header." and lines.index("import sys") < lines.index(
+        "class PauseIteration(StopIteration):"
+    ) < lines.index("# Our errors.") < lines.index("class Wrapper(Exception):")
+
+
 def test_test_files_are_cut_into_cumulative_slices() -> None:
     rewrite = tool("rewrite")
     source = "import os\n\n\ndef helper():\n    pass\n\n\n" + "".join(

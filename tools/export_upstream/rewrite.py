@@ -7,7 +7,7 @@ import ast
 import re
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from errors import ManifestError, UpstreamLayoutError
+from errors import ManifestError
 from manifest import PACKAGE, Manifest, Placement, public_name_modules
 
 #: Where the package's public names are importable once the series is applied.
@@ -269,9 +269,11 @@ def _insert_imports(text: str, block: str) -> str:
             last = node
         elif not _is_docstring(node):
             break
-    if last is None:
-        raise UpstreamLayoutError("the upstream file has no imports to add ours to")
     lines = text.splitlines(keepends=True)
+    if last is None:  # (error.py has none): the imports go before the first statement
+        at = _first_statement_line(tree)
+        lines[at:at] = [block + "\n", "\n\n"]
+        return "".join(lines)
     at = last.end_lineno or last.lineno
     lines[at:at] = ["\n", block + "\n"]
     return "".join(lines)
