@@ -26,9 +26,16 @@ not wrapped in these classes.
 Each class has an entry in docs/troubleshooting.rst (what causes it, what to do), whose anchor is
 the class's name in lower case; every message ends by naming it:
 ``... (troubleshooting: docs/troubleshooting.rst#workerdiederror)``.
+
+``ExceptionWrapper`` carries an exception raised in a worker (or a thread) to the main process.
 """
 
 from __future__ import annotations
+
+import sys
+from typing import Any
+
+from torchdata._utils import ExceptionWrapper as _TorchdataExceptionWrapper
 
 __all__ = [
     "ChangedFileError",
@@ -137,3 +144,44 @@ class ReplayDivergenceError(CheckpointError):
     turns the check off, and with it this protection: a restore then accepts whatever the
     pipeline produces now.
     """
+
+
+# --- errors raised in another process -----------------------------------------------------------
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in another process (or thread): the cause of the
+    exception re-raised from it in this one."""
+
+
+class ExceptionWrapper(_TorchdataExceptionWrapper):
+    """``torchdata._utils.ExceptionWrapper``: an exception raised in a worker (or a thread), which
+    its ``reraise()`` raises in the main process. An exception of the user's pipeline is re-raised
+    as torchdata does (its type, its message ``Caught ValueError in worker process 1.`` followed by
+    the worker's traceback). One of this package's (a :class:`ReadingServiceError`, such as
+    ``ChangedFileError``: its message says what happened and what to do) is re-raised with that
+    message only, the worker's traceback as its cause (``raise ... from``), so that the last
+    line a user reads is the message, not the worker's frames."""
+
+    def __init__(self, exc_info: Any = None, where: str = "in background") -> None:
+        exc_info = sys.exc_info() if exc_info is None else exc_info
+        super().__init__(exc_info, where)
+        exception = exc_info[1]
+        self.message = _own_message(exception) if isinstance(exception, ReadingServiceError) else None
+
+    def reraise(self) -> None:
+        message = getattr(self, "message", None)  # (None: an exception of the user's)
+        if message is None:
+            super().reraise()
+        cause = RemoteTraceback(f"{self.exc_type.__name__} {self.where}:\n{self.exc_msg}")
+        raise self.exc_type(message) from cause
+
+
+#: What torch's iterator hook appends to the message of an exception raised in a DataPipe's
+#: ``__iter__``, naming it (``This exception is thrown by __iter__ of MapperIterDataPipe(...)``).
+_HOOK_NOTE = "\nThis exception is thrown by "
+
+
+def _own_message(exception: BaseException) -> str:
+    """``exception``'s message as it was raised, without the notes torch's hook appended."""
+    return str(exception).split(_HOOK_NOTE, 1)[0]

@@ -287,6 +287,35 @@ def test_no_line_the_series_adds_says_upstream(series: Path) -> None:
     assert [line for line in added if "upstream" in line.lower()] == []
 
 
+#: Where the readers of torch's and torchdata's private fields go in torchdata's tree: beside the
+#: class whose fields they read (or the graph's helpers, for the DataPipes' fields).
+PRIVATE_FIELD_READERS = {
+    "torchdata/dataloader2/dataloader2.py": ["dataloader2_started", "load_dataloader2_state"],
+    "torchdata/dataloader2/random/seed_generator.py": ["seed_engine_states", "load_seed_engine_states"],
+    "torchdata/dataloader2/graph/utils.py": [
+        "samples_yielded",
+        "shuffler_settings",
+        "prefetcher_in_progress",
+    ],
+    "torchdata/dataloader2/error.py": ["ExceptionWrapper", "RemoteTraceback"],
+}
+
+
+@series_test
+def test_no_compat_module_and_no_frame_walking_in_torchdatas_tree(series: Path) -> None:
+    """In torchdata's tree the code that reads a class's private fields is in the class's module:
+    no compat.py wraps them, and nothing walks the caller's frames."""
+    changed = git(series, "diff", "--name-only", "--diff-filter=A", f"{TAG}..series").splitlines()
+    assert [path for path in changed if "compat" in Path(path).name] == []
+    diff = git(series, "diff", f"{TAG}..series").splitlines()
+    added = [line for line in diff if line.startswith("+") and not line.startswith("+++")]
+    assert [line for line in added if re.search(r"(?<![a-z])compat(?![a-z])|_getframe", line)] == []
+    for path, names in PRIVATE_FIELD_READERS.items():
+        source = (series / path).read_text()
+        for name in names:
+            assert re.search(rf"^(def|class) {name}\b", source, re.M), f"{name} is not defined in {path}"
+
+
 #: A Sphinx role naming a place by its dotted path (``:mod:`torchdata.x```, ``:class:`~torchdata.x.Y```).
 DOTTED_REFERENCE = re.compile(r":(?:mod|class|func|meth|attr|data|exc):`~?(torchdata\.[\w.]+)`")
 

@@ -6,9 +6,9 @@ from torchdata.dataloader2.graph import traverse_dps
 from torchdata.dataloader2.utils import WorkerInfo
 from torchdata.datapipes.iter import IterableWrapper
 
-from torchdata_snapshot._compat import DispatchPlaceholder
 from torchdata_snapshot._errors import ProtocolError
 from torchdata_snapshot.core.worker.process_init import process_init_fn
+from torchdata_snapshot.core.worker.worker_graph import DispatchPlaceholder
 
 
 def test_the_graph_is_sharded_for_the_worker_named() -> None:

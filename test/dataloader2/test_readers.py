@@ -30,7 +30,7 @@ from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import FileLister, IterableWrapper
 
 from torchdata_snapshot import ChangedFileError, ReplayDivergenceError, StateRestoreError
-from torchdata_snapshot._compat import RemoteTraceback
+from torchdata_snapshot._errors import RemoteTraceback
 from torchdata_snapshot.core.graph import graph_datapipes
 from torchdata_snapshot.graph_state.graph_state import GraphState
 

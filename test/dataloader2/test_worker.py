@@ -11,10 +11,10 @@ from torchdata.dataloader2.utils import WorkerInfo
 from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
 
 from torchdata_snapshot import register_state_functions
-from torchdata_snapshot._compat import RemoteTraceback
 from torchdata_snapshot._errors import (
     ChangedFileError,
     ProtocolError,
+    RemoteTraceback,
     ReplayDivergenceError,
     StateCaptureError,
 )

@@ -7,9 +7,8 @@ import pytest
 from torchdata.dataloader2.utils import WorkerInfo
 from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
 
-from torchdata_snapshot._compat import DispatchPlaceholder
 from torchdata_snapshot._errors import ProtocolError
-from torchdata_snapshot.core.worker.worker_graph import prepare_worker_graph
+from torchdata_snapshot.core.worker.worker_graph import DispatchPlaceholder, prepare_worker_graph
 
 
 def negate(x: int) -> int:

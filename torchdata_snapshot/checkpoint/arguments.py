@@ -70,8 +70,9 @@ from torchdata.datapipes.iter import (
     XzFileLoader,
     ZipArchiveLoader,
 )
+from torchdata.datapipes.iter.util.randomsplitter import _RandomSplitterIterDataPipe
 
-from torchdata_snapshot._compat import RandomSplitterIterDataPipe, text_reader_setting
+from torchdata_snapshot._compat.datapipes import text_reader_setting
 from torchdata_snapshot._constants import ARGUMENT_MAX_CHARS
 from torchdata_snapshot.core.graph import FUNCTION_ATTRIBUTES, NOT_PLAIN, function_name, plain_data
 
@@ -381,7 +382,7 @@ READINGS: Dict[type, Reading] = {
     Dropper: Reading(read={"indices": _attribute("indices", _sorted_plain)}),
     Flattener: Reading(read={"indices": _attribute("indices", _sorted_plain)}),
     SampleMultiplexer: Reading(read={"weights": _multiplexer_weights}),
-    RandomSplitterIterDataPipe: Reading(read={"weights": _splitter_weights}),
+    _RandomSplitterIterDataPipe: Reading(read={"weights": _splitter_weights}),
     ShardingFilter: Reading(read={"sharding_group_filter": _attribute("sharding_group_filter", _enum_name)}),
     # arguments that change only when items come (they come in order)
     Prefetcher: Reading(ignored=frozenset({"buffer_size"})),

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from torchdata.dataloader2.random import SeedGenerator
 
-from torchdata_snapshot._compat import load_seed_engine_states, seed_engine_states
+from torchdata_snapshot._compat.seed_generator import load_seed_engine_states, seed_engine_states
 from torchdata_snapshot._errors import InvalidCheckpointError
 
 __all__ = [

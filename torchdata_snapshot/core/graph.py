@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
 from torchdata.dataloader2.graph import DataPipe, find_dps, list_dps, traverse_dps
 
-from torchdata_snapshot._compat import prefetcher_in_progress, samples_yielded
+from torchdata_snapshot._compat.datapipes import prefetcher_in_progress, samples_yielded
 from torchdata_snapshot._constants import PREFETCHER_PAUSE_CHECK_S
 from torchdata_snapshot._errors import StateCaptureError
 

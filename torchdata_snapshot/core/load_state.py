@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict
 
-from torchdata_snapshot._compat import (
+from torchdata_snapshot._compat.dataloader2 import (
     dataloader2_reading_service_state,
     dataloader2_started,
     load_dataloader2_state,

@@ -15,8 +15,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Type
 
 from torchdata.dataloader2.graph import DataPipe
 
-from torchdata_snapshot._compat import ExceptionWrapper
-from torchdata_snapshot._errors import ProtocolError
+from torchdata_snapshot._errors import ExceptionWrapper, ProtocolError
 from torchdata_snapshot.core.graph import pausable, pause_datapipe
 from torchdata_snapshot.core.messages import (
     ErrorResponse,

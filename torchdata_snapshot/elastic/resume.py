@@ -30,18 +30,16 @@ from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter.selecting import FilterIterDataPipe
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 from torchdata.dataloader2.graph import DataPipe, find_dps, traverse_dps
+from torchdata.dataloader2.graph.utils import _find_replicable_branches
+from torchdata.dataloader2.utils.dispatch import find_lca_round_robin_sharding_dp
 
-from torchdata_snapshot._compat import (
-    DispatchPlaceholder,
-    find_lca_round_robin_sharding_dp,
-    find_replicable_branches,
-)
 from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
 from torchdata_snapshot.checkpoint.format import FORMAT, Checkpoint, ShardingProgress
 from torchdata_snapshot.checkpoint.positions import ONE_TO_ONE_TAIL, not_one_to_one
 from torchdata_snapshot.core.catalogue import types_where
 from torchdata_snapshot.core.graph import describe_datapipe
 from torchdata_snapshot.core.messages import Level
+from torchdata_snapshot.core.worker.worker_graph import DispatchPlaceholder
 from torchdata_snapshot.elastic.element_progress import EXPANDING, HOLDING_ONE, ONE_TO_ONE, chain_after
 
 __all__ = [
@@ -97,7 +95,7 @@ def _is_elastic(datapipe: DataPipe) -> bool:
 
 def replicable_branch(datapipe: DataPipe) -> DataPipe:
     """The part of ``datapipe`` that worker processes run (its end), as DataLoader2 splits it."""
-    branches = find_replicable_branches(traverse_dps(datapipe))
+    branches = _find_replicable_branches(traverse_dps(datapipe))
     return branches[0] if len(branches) == 1 else datapipe
 
 

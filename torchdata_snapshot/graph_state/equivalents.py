@@ -29,13 +29,13 @@ from torch.utils.data.datapipes.iter.combining import (
 from torch.utils.data.datapipes.iter.filelister import FileListerIterDataPipe
 from torch.utils.data.datapipes.iter.grouping import UnBatcherIterDataPipe
 from torch.utils.data.datapipes.iter.utils import IterableWrapperIterDataPipe
+from torch.utils.data.datapipes.utils.common import get_file_pathnames_from_root
 from torchdata.datapipes.iter import Cycler as CyclerIterDataPipe
 from torchdata.datapipes.iter import FlatMapper as FlatMapperIterDataPipe
 from torchdata.datapipes.iter import Header as HeaderIterDataPipe
 
-from torchdata_snapshot._compat import (
+from torchdata_snapshot._compat.datapipes import (
     flatmap_expand,
-    get_file_pathnames_from_root,
     samples_yielded,
     shuffler_settings,
     unbatch_dive,

@@ -28,7 +28,7 @@ from typing import IO, Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
-from torchdata_snapshot._compat import decompressor_of
+from torchdata_snapshot._compat.datapipes import decompressor_of
 from torchdata_snapshot._errors import ChangedFileError, StateCaptureError, StateRestoreError
 
 __all__ = [

@@ -53,7 +53,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 from torchdata.dataloader2.graph import DataPipe, replace_dp, traverse_dps
 
-from torchdata_snapshot._compat import iterator_id
+from torchdata_snapshot._compat.datapipes import iterator_id
 from torchdata_snapshot._errors import StateCaptureError, StateRestoreError
 from torchdata_snapshot.checkpoint.rng_states import (
     check_global_rng_state,

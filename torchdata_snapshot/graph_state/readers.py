@@ -46,8 +46,9 @@ from torchdata.datapipes.iter import (
     XzFileLoader,
     ZipArchiveLoader,
 )
+from torchdata.datapipes.iter.util.webdataset import pathsplit as webdataset_pathsplit
 
-from torchdata_snapshot._compat import compression_type, webdataset_pathsplit
+from torchdata_snapshot._compat.datapipes import compression_type
 from torchdata_snapshot.graph_state.file_origins import (
     ArchiveMemberOrigin,
     DecompressedOrigin,

@@ -12,7 +12,7 @@ from typing import Any, Dict, Tuple
 
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 
-from torchdata_snapshot._compat import samples_yielded
+from torchdata_snapshot._compat.datapipes import samples_yielded
 from torchdata_snapshot.graph_state.resumable import expect_state
 
 __all__ = ["ShardingShifts"]

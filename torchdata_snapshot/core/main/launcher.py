@@ -17,9 +17,9 @@ from multiprocessing.process import BaseProcess
 from typing import Any, List, Optional, Sequence, Tuple
 
 from torchdata.dataloader2.graph import DataPipe
+from torchdata.dataloader2.graph._serialization import attach_wrapper
 from torchdata.dataloader2.utils.worker import WorkerInfo
 
-from torchdata_snapshot._compat import attach_wrapper
 from torchdata_snapshot._constants import JOIN_TIMEOUT_S
 from torchdata_snapshot._errors import WorkerDiedError
 from torchdata_snapshot.core.options import TensorPoolOptions, WorkerOptions

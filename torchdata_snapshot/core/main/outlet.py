@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Deque, Iterator, List, Optional
 from torch.utils.data import IterDataPipe
 from torchdata.dataloader2.graph import DataPipe
 
-from torchdata_snapshot._compat import unhooked_iter
+from torchdata_snapshot._compat.datapipes import unhooked_iter
 from torchdata_snapshot._constants import NO_EPOCH, READ_AHEAD_BYTES, READ_AHEAD_ITEMS, READ_AHEAD_S
 from torchdata_snapshot._errors import CheckpointError, ReadingServiceClosedError
 from torchdata_snapshot.checkpoint.digest import CHAIN_START, chain, chain_hex

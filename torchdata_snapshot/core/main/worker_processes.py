@@ -17,13 +17,10 @@ import os
 from typing import Any, Callable, List, Optional, Tuple, Type, TypeVar
 
 from torchdata.dataloader2.graph import DataPipe, replace_dp, set_graph_random_seed, traverse_dps
+from torchdata.dataloader2.graph.utils import _find_replicable_branches
 from torchdata.dataloader2.random import SeedGenerator
+from torchdata.dataloader2.utils.dispatch import find_lca_round_robin_sharding_dp
 
-from torchdata_snapshot._compat import (
-    DispatchPlaceholder,
-    find_lca_round_robin_sharding_dp,
-    find_replicable_branches,
-)
 from torchdata_snapshot._constants import EXIT_JOIN_TIMEOUT_S, SMALL_ITEMS_PREFETCH_BYTES
 from torchdata_snapshot._errors import ProtocolError
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
@@ -53,6 +50,7 @@ from torchdata_snapshot.core.messages import (
 from torchdata_snapshot.core.options import FaultOptions, TensorPoolOptions, WorkerOptions
 from torchdata_snapshot.core.plugins import Replacer, require
 from torchdata_snapshot.core.transport.channel import Channel
+from torchdata_snapshot.core.worker.worker_graph import DispatchPlaceholder
 
 __all__ = ["DispatcherClient", "WorkerProcesses"]
 
@@ -145,7 +143,7 @@ class WorkerProcesses:
             # stands in the workers' graph where it was (replaced by DispatchedSource there).
             graph = replace_dp(graph, dispatching_dp, DispatchPlaceholder())  # type: ignore[abstract, unused-ignore]
             datapipe = list(graph.values())[0][0]
-        replicable_dps = find_replicable_branches(graph)
+        replicable_dps = _find_replicable_branches(graph)
         if len(replicable_dps) != 1:
             raise ValueError(
                 "MultiProcessingReadingService needs exactly one replicable branch in the graph, "

@@ -14,8 +14,6 @@ import pickle
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, List, Optional, Protocol, Tuple
 
-from torchdata_snapshot._compat import shared_memory_types
-
 __all__ = ["ItemDecoder", "ItemEncoder", "ItemPool"]
 
 
@@ -48,7 +46,10 @@ class ItemPool(Protocol):
         """Close the descriptor the pool was mapped from (the mapping stays)."""
 
 
-_SHARED_TYPES = shared_memory_types()
+#: The types ``ForkingPickler.register`` was given a reduction for: torch registers tensors and
+#: storages, which then travel through shared memory. Registering updates this same dict, so the
+#: reference taken at import (before ``import torch``, maybe) stays current.
+_SHARED_TYPES = ForkingPickler._extra_reducers  # type: ignore[attr-defined]
 
 
 class _SharingPickler(ForkingPickler):

@@ -28,8 +28,8 @@ import threading
 from collections import deque
 from typing import Any, Callable, Deque, Optional, Tuple
 
-from torchdata_snapshot._compat import ExceptionWrapper
 from torchdata_snapshot._constants import LIVENESS_CHECK_INTERVAL_S, NO_EPOCH, OUTBOX_CLOSE_TIMEOUT_S
+from torchdata_snapshot._errors import ExceptionWrapper
 from torchdata_snapshot.core.messages import WorkerExceptionResponse
 from torchdata_snapshot.core.options import BatchingOptions
 from torchdata_snapshot.core.transport.batches import QueuedItem, items_message, take_batch

@@ -26,9 +26,9 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequenc
 import torch
 from torch.utils.data import IterDataPipe
 from torchdata.dataloader2.graph import DataPipe, find_dps, traverse_dps
+from torchdata.dataloader2.graph._serialization import extract_wrapper
 from torchdata.dataloader2.utils.worker import WorkerInfo, process_reset_fn
 
-from torchdata_snapshot._compat import ExceptionWrapper, extract_wrapper
 from torchdata_snapshot._constants import (
     DISPATCH_WINDOW,
     DISPATCHER_ID,
@@ -36,7 +36,7 @@ from torchdata_snapshot._constants import (
     MAX_PENDING_PER_WORKER,
     NO_EPOCH,
 )
-from torchdata_snapshot._errors import ProtocolError, ReadingServiceError
+from torchdata_snapshot._errors import ExceptionWrapper, ProtocolError, ReadingServiceError
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 from torchdata_snapshot.core.graph import datapipe_state_dicts, datapipe_yields, graph_datapipes
 from torchdata_snapshot.core.messages import (

@@ -7,7 +7,7 @@ from typing import Any, Iterator, Optional
 
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 
-from torchdata_snapshot._compat import samples_yielded
+from torchdata_snapshot._compat.datapipes import samples_yielded
 from torchdata_snapshot._constants import NO_EPOCH
 
 __all__ = ["WorkerEpoch"]

@@ -12,19 +12,21 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 from torchdata.dataloader2.graph import DataPipe
+from torchdata.dataloader2.graph._serialization import extract_wrapper
 from torchdata.dataloader2.utils.worker import WorkerInfo, process_reset_fn
 
-from torchdata_snapshot._compat import (
-    ExceptionWrapper,
-    extract_wrapper,
-)
 from torchdata_snapshot._constants import (
     LIVENESS_CHECK_INTERVAL_S,
     REPLAY_HEARTBEAT_S,
     REQUEST_CHECK_ITEMS,
     REQUEST_CHECK_S,
 )
-from torchdata_snapshot._errors import ProtocolError, ReplayDivergenceError, StateCaptureError
+from torchdata_snapshot._errors import (
+    ExceptionWrapper,
+    ProtocolError,
+    ReplayDivergenceError,
+    StateCaptureError,
+)
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 from torchdata_snapshot.checkpoint.digest import CHAIN_START, chain, parse_chain_hex
 from torchdata_snapshot.checkpoint.replay import replay

@@ -7,19 +7,24 @@ come from it are sharded.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Type, cast
 
 import torch
+from torch.utils.data import IterDataPipe as _TorchIterDataPipe
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torchdata.dataloader2.graph import DataPipe, find_dps, replace_dp, traverse_dps
+from torchdata.dataloader2.utils.dispatch import _DummyIterDataPipe, find_non_dispatching_branches
 from torchdata.dataloader2.utils.worker import WorkerInfo
 from torchdata.datapipes.iter import IterDataPipe
 from torchdata.datapipes.map import MapDataPipe
 
-from torchdata_snapshot._compat import DispatchPlaceholder, find_non_dispatching_branches
 from torchdata_snapshot._errors import ProtocolError
 
-__all__ = ["prepare_worker_graph"]
+__all__ = ["DispatchPlaceholder", "prepare_worker_graph"]
+
+#: The placeholder DataLoader2 puts where the dispatched part of a graph was; typed as torch's
+#: IterDataPipe, which ``find_dps`` expects (torchdata's generated stubs declare their own).
+DispatchPlaceholder = cast(Type[_TorchIterDataPipe], _DummyIterDataPipe)
 
 
 def prepare_worker_graph(
