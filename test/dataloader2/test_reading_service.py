@@ -10,6 +10,7 @@ import time
 from functools import partial
 from typing import Any, List, Optional
 
+import numpy
 import pytest
 from pipelines import (
     CountingWithState,
@@ -342,6 +343,12 @@ print("numpy.random" in sys.modules)
 """
 
 
+#: numpy 2 imports ``numpy.random`` on first use; numpy 1 with ``import numpy``, leaving nothing to
+#: inherit or to spare.
+NUMPY_RANDOM_IS_LAZY = int(numpy.__version__.split(".")[0]) >= 2
+
+
+@pytest.mark.skipif(not NUMPY_RANDOM_IS_LAZY, reason="numpy < 2 imports numpy.random with numpy")
 @pytest.mark.parametrize(("context", "imported"), [("fork", "True"), ("spawn", "False")])
 def test_forked_workers_inherit_numpy_random_instead_of_importing_it(context: str, imported: str) -> None:
     """A worker's first epoch reset seeds numpy's global RNG, which imports ``numpy.random`` (10
