@@ -45,14 +45,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from hypothesis import settings
-
-    # Every example starts processes: no per-example deadline; more examples for the full matrix.
-    settings.register_profile("suite", max_examples=20, deadline=None)
-    settings.register_profile("full-matrix", max_examples=150, deadline=None)
-    settings.load_profile("full-matrix" if config.getoption("--full-matrix") else "suite")
-    # Read by test_checkpoint_fuzz.py when it is imported (hypothesis settings are set then).
+    # Read by test_checkpoint_fuzz.py and helpers/draws.py when they are imported (the counts of
+    # examples are set then).
     os.environ["TORCHDATA_SNAPSHOT_FUZZ_EXAMPLES"] = str(config.getoption("--fuzz-examples"))
+    if config.getoption("--full-matrix"):
+        os.environ["TORCHDATA_SNAPSHOT_PROPERTY_EXAMPLES"] = "150"
     if config.getoption("--tensor-pool") and config.getoption("--no-tensor-pool"):
         raise pytest.UsageError("--tensor-pool and --no-tensor-pool contradict each other")
     if config.getoption("--tensor-pool") or config.getoption("--no-tensor-pool"):

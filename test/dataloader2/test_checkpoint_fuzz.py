@@ -1,7 +1,7 @@
 """Checkpoint fuzzing: a damaged or tampered reading-service state never hangs, never crashes and
 never hands out other data (docs/troubleshooting.rst).
 
-Hypothesis mutates real checkpoints (fields removed or renamed, types changed, values out of range
+Each example mutates a real checkpoint (fields removed or renamed, types changed, values out of range
 or negative, nested lists cut, bytes flipped or cut inside a worker's graph state), with or
 without a recomputed checksum. Every restore must end in one of:
 
@@ -23,8 +23,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from draws import SeededDraw, examples
 from pipelines import pipeline, rs, take
 from torchdata.dataloader2 import DataLoader2
 
@@ -91,11 +90,11 @@ def replace_at(tree: Any, path: Path, value: Any) -> None:
 STRANGERS = [None, "x", -1, -(2**70), 2**70, 1.5, True, [], {}, b"\x00"]
 
 
-def mutate(data: st.DataObject, state: Dict[str, Any]) -> Tuple[Dict[str, Any], str]:
+def mutate(draw: SeededDraw, state: Dict[str, Any]) -> Tuple[Dict[str, Any], str]:
     """One mutation of ``state`` (a deep copy); its description."""
     state = copy.deepcopy(state)
     paths = [p for p in nodes(state) if p and p[-1] != "checksum"]
-    path = data.draw(st.sampled_from(paths), label="path")
+    path = draw.choice(paths)
     value, parent = at(state, path), at(state, path[:-1])
     kinds = ["type"]
     if isinstance(parent, dict):
@@ -106,9 +105,9 @@ def mutate(data: st.DataObject, state: Dict[str, Any]) -> Tuple[Dict[str, Any], 
         kinds += ["cut_list"]
     if isinstance(value, bytes) and value:
         kinds += ["flip_bytes", "cut_bytes"]
-    kind = data.draw(st.sampled_from(kinds), label="kind")
+    kind = draw.choice(kinds)
     if kind == "type":
-        stranger = data.draw(st.sampled_from([v for v in STRANGERS if type(v) is not type(value)]))
+        stranger = draw.choice([v for v in STRANGERS if type(v) is not type(value)])
         replace_at(state, path, copy.deepcopy(stranger))
     elif kind == "remove":
         del parent[path[-1]]
@@ -119,16 +118,16 @@ def mutate(data: st.DataObject, state: Dict[str, Any]) -> Tuple[Dict[str, Any], 
     elif kind == "huge":
         replace_at(state, path, value + 10**9)
     elif kind == "cut_list":
-        replace_at(state, path, value[: data.draw(st.integers(0, len(value) - 1), label="keep")])
+        replace_at(state, path, value[: draw.integer(0, len(value) - 1)])
     elif kind == "flip_bytes":
-        i = data.draw(st.integers(0, len(value) - 1), label="byte")
+        i = draw.integer(0, len(value) - 1)
         replace_at(state, path, value[:i] + bytes([value[i] ^ 0xFF]) + value[i + 1 :])
     else:
-        replace_at(state, path, value[: data.draw(st.integers(0, len(value) - 1), label="keep")])
+        replace_at(state, path, value[: draw.integer(0, len(value) - 1)])
     # A recomputed checksum stands for a damaged state written whole, or a tampered one: schema
     # checks and the workers must refuse it. A flipped byte in a graph state with a forged checksum
     # is a different pickle, trusted as the pipeline's own pickle is (docs/contract.rst): not tried.
-    if kind != "flip_bytes" and data.draw(st.booleans(), label="recompute checksum"):
+    if kind != "flip_bytes" and draw.boolean():
         state["checksum"] = _checksum(state)
         kind += "+checksum"
     return state, f"{kind} at {'/'.join(map(str, path))}"
@@ -153,22 +152,11 @@ def restore(state: Dict[str, Any], options: Dict[str, Any]) -> Tuple[str, Any]:
         assert set(multiprocessing.active_children()) <= children, "a process outlived the restore"
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,  # the checkpoints are made afresh by every run: old examples would not fit them
-    suppress_health_check=[
-        HealthCheck.function_scoped_fixture,
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-    ],
-)
-@given(case=st.sampled_from(sorted(SAVED)), data=st.data())
-def test_a_damaged_checkpoint_is_refused_or_restores_exactly(
-    saved: Any, case: str, data: st.DataObject
-) -> None:
+@examples(EXAMPLES)
+def test_a_damaged_checkpoint_is_refused_or_restores_exactly(saved: Any, draw: SeededDraw) -> None:
+    case = draw.choice(sorted(SAVED))
     state, rest = saved[case]
-    damaged, what = mutate(data, state["reading_service_state"])
+    damaged, what = mutate(draw, state["reading_service_state"])
     outcome, value = restore({**state, "reading_service_state": damaged}, SAVED[case][2])
     if outcome == "data":
         assert value == rest, f"{case}, {what}: a restore handed out other data"

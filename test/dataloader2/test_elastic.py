@@ -26,9 +26,8 @@ from contract import (
     resolve_positions,
     take_states,
 )
+from draws import SeededDraw, examples
 from elastic_pipelines import ElasticDoubling
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from pipelines import (
     ELASTIC_DECLARED,
     double,
@@ -124,33 +123,16 @@ def resume_elastically(
     return first
 
 
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(
-    shape=st.sampled_from(ELASTIC_SHAPES),
-    old=st.integers(min_value=1, max_value=4),
-    new=st.integers(min_value=1, max_value=4),
-    prefetch=st.sampled_from([0, 1, 10]),
-    n=st.integers(min_value=0, max_value=60),
-    epoch=st.integers(min_value=0, max_value=1),
-    stateful=st.booleans(),
-    data=st.data(),
-)
+@examples()
 def test_any_elastic_resume_delivers_each_remaining_element_exactly_once(
-    resumer: Resumer,
-    shape: str,
-    old: int,
-    new: int,
-    prefetch: int,
-    n: int,
-    epoch: int,
-    stateful: bool,
-    data: st.DataObject,
+    resumer: Resumer, draw: SeededDraw
 ) -> None:
-    options = (("stateful", stateful), ("max_items_between_captures", 3))
+    shape, old, new = draw.choice(ELASTIC_SHAPES), draw.integer(1, 4), draw.integer(1, 4)
+    prefetch, n, epoch = draw.choice([0, 1, 10]), draw.integer(0, 60), draw.integer(0, 1)
+    options = (("stateful", draw.boolean()), ("max_items_between_captures", 3))
     config = Config(shape, old, prefetch, prefetch, n=n, epoch=epoch, rs_options=options)
     length = len(reference(config, epoch + 3)[epoch])
-    k = data.draw(st.integers(min_value=0, max_value=length), label="k")
-    resume_elastically(resumer, config, k, new)
+    resume_elastically(resumer, config, draw.integer(0, length), new)
 
 
 @pytest.mark.parametrize("via", ["from_state", "load_state_dict"])

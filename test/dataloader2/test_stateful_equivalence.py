@@ -1,7 +1,8 @@
 """Every resumable DataPipe, alone and in compositions, restored from a captured state at any
 position, continues exactly as the uninterrupted run: item by item, to the end of the epoch and
 through the next one. This is what a worker does on a stateful restore (see the docs' design
-page), run in this process so that hypothesis can try many positions and shardings.
+page), run in this process so that the property tests can try many positions and shardings
+(helpers/draws.py).
 
 ``COMPOSITIONS`` must use every DataPipe type stateful restore knows (its adapters, the types it
 treats as stateless and the sharding filter, which has built-in state functions): a type cannot
@@ -25,8 +26,7 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from draws import SeededDraw, examples
 from pipelines import CountingStateful, double, not_multiple_of_3, split
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
 from torchdata.dataloader2.graph import set_graph_random_seed
@@ -334,34 +334,19 @@ def test_each_composition_restores_exactly_at_its_start_middle_and_end(
         check_restore_at(build, sharding, 1, [0, 1, length // 2, max(0, length - 1), length])
 
 
-#: The property tests build their graphs from a module fixture, and some graphs read many files.
-SUPPRESSED = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+def draw_sharding(draw: SeededDraw) -> Tuple[int, int]:
+    """``(num_instances, instance_id)``: 1 to 3 instances, and one of them."""
+    num_instances = draw.integer(1, 3)
+    return num_instances, draw.integer(0, num_instances - 1)
 
 
-def draw_sharding(data: st.DataObject, num_instances: int) -> Tuple[int, int]:
-    """``(num_instances, instance_id)`` with a drawn instance."""
-    instance_id = data.draw(st.integers(min_value=0, max_value=num_instances - 1), label="instance_id")
-    return num_instances, instance_id
-
-
-@settings(max_examples=200, deadline=None, suppress_health_check=SUPPRESSED)
-@given(
-    name=st.sampled_from(NAMES),
-    num_instances=st.integers(min_value=1, max_value=3),
-    epoch=st.integers(min_value=0, max_value=1),
-    data=st.data(),
-)
+@examples(200)
 def test_any_composition_restores_exactly_at_random_positions(
-    compositions: Dict[str, Build], name: str, num_instances: int, epoch: int, data: st.DataObject
+    compositions: Dict[str, Build], draw: SeededDraw
 ) -> None:
-    build = compositions[name]
-    sharding = draw_sharding(data, num_instances)
+    build, sharding, epoch = compositions[draw.choice(NAMES)], draw_sharding(draw), draw.integer(0, 1)
     length = len(run_epochs(worker_graph(build, *sharding), epoch + 1)[epoch])
-    positions = data.draw(
-        st.lists(st.integers(min_value=0, max_value=length), min_size=1, max_size=3, unique=True),
-        label="positions",
-    )
-    check_restore_at(build, sharding, epoch, positions)
+    check_restore_at(build, sharding, epoch, draw.distinct_integers(0, length, min_size=1, max_size=3))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -376,21 +361,14 @@ def test_each_composition_restores_exactly_from_a_state_captured_after_a_restore
             check_chained_restore(build, sharding, 1, k, min(more, length - k))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=SUPPRESSED)
-@given(
-    name=st.sampled_from(NAMES),
-    num_instances=st.integers(min_value=1, max_value=3),
-    data=st.data(),
-)
+@examples(150)
 def test_any_composition_restores_exactly_from_states_captured_after_restores(
-    compositions: Dict[str, Build], name: str, num_instances: int, data: st.DataObject
+    compositions: Dict[str, Build], draw: SeededDraw
 ) -> None:
-    build = compositions[name]
-    sharding = draw_sharding(data, num_instances)
+    build, sharding = compositions[draw.choice(NAMES)], draw_sharding(draw)
     length = len(run_epochs(worker_graph(build, *sharding), 1)[0])
-    k = data.draw(st.integers(min_value=0, max_value=length), label="k")
-    more = data.draw(st.integers(min_value=0, max_value=length - k), label="more")
-    check_chained_restore(build, sharding, 0, k, more)
+    k = draw.integer(0, length)
+    check_chained_restore(build, sharding, 0, k, draw.integer(0, length - k))
 
 
 def test_the_types_stateful_restore_replaces_are_the_catalogues_adapted_ones() -> None:
