@@ -10,7 +10,7 @@ from torchdata_snapshot import _errors as errors
 
 #: The reading service's exceptions: the classes the module exports. In torchdata's tree their
 #: module (dataloader2/error.py) also holds torchdata's PauseIteration, a StopIteration that
-#: signals a pause, not an error, and lists every public name (TROUBLESHOOTING too).
+#: signals a pause, not an error, and lists it with these.
 ERRORS = [
     name
     for name in errors.__all__

@@ -688,6 +688,21 @@ def test_a_module_merges_into_an_upstream_file_that_imports_nothing() -> None:
     ) < lines.index("# Our errors.") < lines.index("class Wrapper(Exception):")
 
 
+def test_a_merged_file_lists_upstreams_public_names_and_ours_not_our_helpers() -> None:
+    """Upstream's file had no ``__all__`` (each public name was its API); ours lists its own, and
+    a public helper it leaves out (the class carrying a worker's traceback) stays out."""
+    rewrite, manifest = tool("rewrite"), tool("manifest")
+    upstream = "import os\n\n\nclass PauseIteration(StopIteration):\n    pass\n"
+    ours = (
+        '__all__ = ["WorkerError"]\n\n\nclass WorkerError(RuntimeError):\n    pass\n\n\n'
+        "class Carrier(Exception):\n    pass\n"
+    )
+    placement = manifest.Placement("_errors", "torchdata/dataloader2/error.py", merge=True)
+    namespace: Dict[str, Any] = {}
+    exec(rewrite.merge(upstream, ours, placement), namespace)
+    assert namespace["__all__"] == ["PauseIteration", "WorkerError"] and "Carrier" in namespace
+
+
 def test_test_files_are_cut_into_cumulative_slices() -> None:
     rewrite = tool("rewrite")
     source = "import os\n\n\ndef helper():\n    pass\n\n\n" + "".join(

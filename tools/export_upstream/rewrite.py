@@ -227,11 +227,12 @@ def merge(upstream: str, ours: str, placement: Placement) -> str:
     our_all = _all_names(our_tree)
     up_all = _all_names(ast.parse(text))
     if our_all and up_all is None:
-        # Ours lists its public names; the file then lists all of its own public definitions.
+        # Ours lists its public names; the file then lists upstream's public definitions (all of
+        # them were its public names) and ours, not the helpers ours keeps to itself.
         defined = sorted(
             {
                 n
-                for node in ast.parse(text).body
+                for node in up_tree.body
                 if not isinstance(node, (ast.Import, ast.ImportFrom))
                 for n in _bound_names(node)
             }
