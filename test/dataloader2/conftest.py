@@ -20,6 +20,12 @@ START_METHODS = multiprocessing.get_all_start_methods()
 #: Modules that start processes with fork when they are imported.
 collect_ignore = [] if "fork" in START_METHODS else ["test_channel.py", "test_leak_guard.py"]
 
+#: A test that forks (a script that runs without a main guard, a child forked as a checkpoint
+#: writer is): skipped where there is no fork (Windows).
+requires_fork = pytest.mark.skipif(
+    "fork" not in START_METHODS, reason=f"no fork start method on {sys.platform}"
+)
+
 
 def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
     """A test parametrized with a start method this platform lacks is skipped, saying why."""

@@ -20,6 +20,7 @@ from typing import List
 
 import psutil
 import pytest
+from conftest import requires_fork
 
 from torchdata_snapshot import MultiProcessingReadingService
 
@@ -212,6 +213,7 @@ if __name__ == "__main__":
 """
 
 
+@requires_fork
 def test_a_forked_child_that_exits_leaves_the_parents_workers_alone(tmp_path: Path) -> None:
     """A process forked from the training process (``os.fork``) inherits its exit hooks; when it
     exits, the hook must not stop the workers of its parent's loader."""

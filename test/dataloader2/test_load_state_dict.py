@@ -19,8 +19,12 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
+from conftest import requires_fork
 
 from torchdata_snapshot import ReadingServiceError, load_state_dict
+
+#: The training script runs without a main guard, as many do: its workers are forked.
+pytestmark = requires_fork
 
 #: The pipeline of the scripts: CSV shards of ``(shard, row)`` records, listed, shuffled and
 #: sharded, parsed and batched; ``ROOT`` and ``BATCH`` come from the command line.

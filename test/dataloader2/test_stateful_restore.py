@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import requires_fork
 from pipelines import CountingStateful, double, failing_counter, five_milliseconds, pipeline, rs, take
 from torchdata.dataloader2 import DataLoader2
 
@@ -253,6 +254,7 @@ def test_state_functions_that_cannot_reach_the_workers_are_refused_naming_them(
 
 
 @pytest.mark.slow
+@requires_fork
 def test_under_fork_state_functions_need_not_pickle(tmp_path: Path) -> None:
     done = run_script(tmp_path, "fork", "lambda")  # the workers inherit them
     assert done.returncode == 0, done.stderr

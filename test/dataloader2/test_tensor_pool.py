@@ -21,6 +21,9 @@ from torchdata_snapshot.tensor_pool.pool import TensorPool
 
 needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
 
+#: The pool needs Linux's os.memfd_create (torchdata's CI runs this suite on macOS and Windows too).
+pytestmark = pytest.mark.skipif(TensorPool.unavailable() is not None, reason=str(TensorPool.unavailable()))
+
 
 def test_an_item_dropped_unsent_frees_its_slot() -> None:
     pool = TensorPool(TensorPoolOptions(2, 1 << 16))

@@ -20,8 +20,12 @@ from torchdata.datapipes.iter import IterableWrapper
 from torchdata_snapshot import WorkerDiedError
 from torchdata_snapshot.core.options import TensorPoolOptions
 from torchdata_snapshot.tensor_pool import pool as pool_module
+from torchdata_snapshot.tensor_pool.pool import TensorPool
 
 SIXTY_FOUR_KB, ONE_MB = 8192, 131072  # int64 elements
+
+#: The pool needs Linux's os.memfd_create (torchdata's CI runs this suite on macOS and Windows too).
+pytestmark = pytest.mark.skipif(TensorPool.unavailable() is not None, reason=str(TensorPool.unavailable()))
 
 
 def pooled(t: torch.Tensor) -> bool:

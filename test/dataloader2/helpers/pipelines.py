@@ -574,7 +574,7 @@ def started_runtime(datapipe: Any, num_workers: int) -> Tuple[Any, Any]:
 
     options = RuntimeOptions(
         num_workers=num_workers,
-        multiprocessing_context="fork",
+        multiprocessing_context=CONTEXT,
         prefetch=(2, 2),
         worker=WorkerOptions(restore=RestoreOptions(stateful=False)),
         faults=FaultOptions(control_timeout_s=30.0, timeout_s=30.0),
