@@ -731,6 +731,19 @@ def test_a_test_file_can_leave_out_the_tests_a_later_commit_adds() -> None:
     )
 
 
+def test_a_test_class_can_leave_out_the_methods_a_later_commit_adds() -> None:
+    rewrite = tool("rewrite")
+    source = (
+        "class TestX(TestCase):\n    def test_core(self):\n        pass\n\n"
+        "    # Elastic resume.\n    @parametrize('n', [1])\n    def test_feature(self, n):\n        pass\n\n"
+        "    def test_last(self):\n        pass\n\n\ninstantiate_parametrized_tests(TestX)\n"
+    )
+    without = rewrite.without_tests(source, ["test_feature"])
+    compile(without, "test_x.py", "exec")
+    assert "test_feature" not in without and "Elastic" not in without and "parametrize('n'" not in without
+    assert "def test_core(self)" in without and "def test_last(self)" in without
+
+
 def _with_logging_tests(loaded: Any, spec: str) -> Any:
     """``loaded`` with test_logging.py exported once, as ``spec``, where it is first exported now."""
     manifest = tool("manifest")

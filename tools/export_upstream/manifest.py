@@ -349,9 +349,11 @@ def _check_withheld(test: TestPart, withheld: Dict[str, Set[str]], title: str) -
     if test.parts != 1:
         raise ManifestError(f"{test.file} ({title}): a file cut into parts cannot leave tests out")
     names = set(test.without)
+    top = ast.parse(test_source(test.file).read_text()).body
+    classes = [node for node in top if isinstance(node, ast.ClassDef)]
     defined = {
         node.name
-        for node in ast.parse(test_source(test.file).read_text()).body
+        for node in top + [member for cls in classes for member in cls.body]
         if isinstance(node, (ast.FunctionDef, ast.ClassDef))
     }
     if names - defined:

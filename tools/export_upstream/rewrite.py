@@ -340,11 +340,13 @@ def _drop_unused_imports(text: str, keep: Sequence[str], only: Optional[Tuple[st
 
 
 def without_tests(source: str, names: Sequence[str]) -> str:
-    """``source`` without the top-level tests ``names`` (their decorators, the comment block right
-    above them and the blank lines after them): the tests an optional feature's commit adds."""
+    """``source`` without the tests ``names``, top-level or methods of a test class (their
+    decorators, the comment block right above them and the blank lines after them): the tests an
+    optional feature's commit adds."""
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
-    for node in reversed(tree.body):
+    members = [m for node in tree.body if isinstance(node, ast.ClassDef) for m in node.body]
+    for node in sorted(tree.body + members, key=lambda n: n.lineno, reverse=True):
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names:
             start, end = _start(node), node.end_lineno or node.lineno
             while start > 0 and lines[start - 1].lstrip().startswith("#"):
