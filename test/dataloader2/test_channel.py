@@ -2,11 +2,16 @@
 
 import multiprocessing
 import os
+import re
 import signal
 import threading
 import time
+import unittest
+from typing import Optional
+from unittest import TestCase
 
 import pytest
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 
 from torchdata_snapshot._errors import WorkerDiedError, WorkerTimeoutError
 from torchdata_snapshot.core.transport.channel import (
@@ -17,43 +22,6 @@ from torchdata_snapshot.core.transport.channel import (
 )
 
 FORK = multiprocessing.get_context("fork")
-
-
-def test_requests_and_responses_cross_in_order() -> None:
-    channel, endpoint, _ = make_pipe_pair()
-    channel.send("ping-1")
-    channel.send("ping-2")
-    assert endpoint.poll()
-    assert endpoint.recv(timeout_s=1) == "ping-1"
-    assert endpoint.recv(timeout_s=1) == "ping-2"
-    assert endpoint.recv(timeout_s=0.01) is None  # nothing more: a bounded wait, not a hang
-    endpoint.send("pong")
-    assert channel.poll()
-    assert channel.recv(timeout_s=1) == "pong"
-
-
-def test_a_silent_peer_times_out_with_a_named_error() -> None:
-    channel, endpoint, _ = make_pipe_pair()
-    channel.bind("worker 3")
-    endpoint.send("started")
-    assert channel.recv(timeout_s=1) == "started"
-    start = time.monotonic()
-    with pytest.raises(WorkerTimeoutError, match=r"worker 3 did not send a response within 0\.2 s"):
-        channel.recv(timeout_s=0.2)
-    assert time.monotonic() - start < 5
-
-
-def test_a_first_answer_may_take_longer_than_the_timeout_a_starting_process_gets() -> None:
-    channel, endpoint, _ = make_pipe_pair()
-    channel.bind("worker 3")
-    late = threading.Timer(0.5, endpoint.send, args=("started",))  # a slow start (spawn)
-    late.start()
-    try:
-        assert channel.recv(timeout_s=0.1) == "started"
-    finally:
-        late.join(5)
-    with pytest.raises(WorkerTimeoutError, match=r"within 0\.1 s"):
-        channel.recv(timeout_s=0.1)  # started: the caller's bound applies again
 
 
 def _exit_with(code: int) -> None:
@@ -73,58 +41,103 @@ def _start(target, *args):  # type: ignore[no-untyped-def]
     return channel.bind("worker 1", process), process
 
 
-def test_a_dead_worker_is_reported_with_pid_and_exit_code() -> None:
-    channel, process = _start(_exit_with, 3)
-    start = time.monotonic()
-    with pytest.raises(
-        WorkerDiedError, match=rf"worker 1 \(pid {process.pid}\) exited unexpectedly with exit code 3"
-    ):
-        channel.recv()  # no timeout: liveness alone must end the wait
-    assert time.monotonic() - start < 10
+class TestChannel(TestCase):
+    def test_requests_and_responses_cross_in_order(self) -> None:
+        channel, endpoint, _ = make_pipe_pair()
+        channel.send("ping-1")
+        channel.send("ping-2")
+        assert endpoint.poll()
+        assert endpoint.recv(timeout_s=1) == "ping-1"
+        assert endpoint.recv(timeout_s=1) == "ping-2"
+        assert endpoint.recv(timeout_s=0.01) is None  # nothing more: a bounded wait, not a hang
+        endpoint.send("pong")
+        assert channel.poll()
+        assert channel.recv(timeout_s=1) == "pong"
+
+    def test_a_silent_peer_times_out_with_a_named_error(self) -> None:
+        channel, endpoint, _ = make_pipe_pair()
+        channel.bind("worker 3")
+        endpoint.send("started")
+        assert channel.recv(timeout_s=1) == "started"
+        start = time.monotonic()
+        with pytest.raises(WorkerTimeoutError, match=r"worker 3 did not send a response within 0\.2 s"):
+            channel.recv(timeout_s=0.2)
+        assert time.monotonic() - start < 5
+
+    def test_a_first_answer_may_take_longer_than_the_timeout_a_starting_process_gets(self) -> None:
+        channel, endpoint, _ = make_pipe_pair()
+        channel.bind("worker 3")
+        late = threading.Timer(0.5, endpoint.send, args=("started",))  # a slow start (spawn)
+        late.start()
+        try:
+            assert channel.recv(timeout_s=0.1) == "started"
+        finally:
+            late.join(5)
+        with pytest.raises(WorkerTimeoutError, match=r"within 0\.1 s"):
+            channel.recv(timeout_s=0.1)  # started: the caller's bound applies again
+
+    def test_a_dead_worker_is_reported_with_pid_and_exit_code(self) -> None:
+        channel, process = _start(_exit_with, 3)
+        start = time.monotonic()
+        with pytest.raises(
+            WorkerDiedError, match=rf"worker 1 \(pid {process.pid}\) exited unexpectedly with exit code 3"
+        ):
+            channel.recv()  # no timeout: liveness alone must end the wait
+        assert time.monotonic() - start < 10
+
+    def test_a_killed_worker_is_reported_with_the_signal(self) -> None:
+        channel, process = _start(_sleep_forever)
+        os.kill(process.pid, signal.SIGKILL)
+        with pytest.raises(WorkerDiedError, match=r"exit code -9 \(SIGKILL\)"):
+            channel.recv()
+        process.join(5)
+
+    def test_sending_to_a_dead_worker_names_it(self) -> None:
+        channel, process = _start(_exit_with, 0)
+        process.join(10)
+        with pytest.raises(WorkerDiedError, match=r"worker 1 .* exit code 0"):
+            for _ in range(1000):  # the first writes may still fit in the pipe buffer
+                channel.send(b"x" * 4096)
+
+    def test_watch_reports_the_process_a_wait_depends_on(self) -> None:
+        channel, _endpoint, _ = make_pipe_pair()
+
+        def dispatcher_died() -> None:
+            raise WorkerDiedError(
+                "dispatching process (pid 42) exited unexpectedly with exit code -9 (SIGKILL)"
+            )
+
+        channel.bind("worker 0", watch=dispatcher_died)
+        with pytest.raises(WorkerDiedError, match="dispatching process"):
+            channel.recv(timeout_s=5)
+
+    def test_the_serving_side_notices_its_parent_is_gone(self) -> None:
+        channel, endpoint, _ = make_pipe_pair()
+        channel.close()
+        with pytest.raises(ParentGone):
+            endpoint.recv(timeout_s=1)
+        channel2, endpoint2, _ = make_pipe_pair()
+        endpoint2.parent = ParentWatch(-1)  # not our parent: as if the parent had died and we were adopted
+        with pytest.raises(ParentGone):
+            endpoint2.recv(timeout_s=0.01)
+        channel2.close()
+
+    @parametrize(
+        "code, words",
+        [
+            (None, "no exit code yet"),
+            (0, "exit code 0"),
+            (1, "exit code 1"),
+            (-15, "exit code -15 (SIGTERM)"),
+        ],
+        name_fn=lambda code, words: re.sub(r"\W+", "_", words).strip("_"),
+    )
+    def test_describe_exit(self, code: Optional[int], words: str) -> None:
+        assert describe_exit(code) == words
 
 
-def test_a_killed_worker_is_reported_with_the_signal() -> None:
-    channel, process = _start(_sleep_forever)
-    os.kill(process.pid, signal.SIGKILL)
-    with pytest.raises(WorkerDiedError, match=r"exit code -9 \(SIGKILL\)"):
-        channel.recv()
-    process.join(5)
+instantiate_parametrized_tests(TestChannel)
 
 
-def test_sending_to_a_dead_worker_names_it() -> None:
-    channel, process = _start(_exit_with, 0)
-    process.join(10)
-    with pytest.raises(WorkerDiedError, match=r"worker 1 .* exit code 0"):
-        for _ in range(1000):  # the first writes may still fit in the pipe buffer
-            channel.send(b"x" * 4096)
-
-
-def test_watch_reports_the_process_a_wait_depends_on() -> None:
-    channel, _endpoint, _ = make_pipe_pair()
-
-    def dispatcher_died() -> None:
-        raise WorkerDiedError("dispatching process (pid 42) exited unexpectedly with exit code -9 (SIGKILL)")
-
-    channel.bind("worker 0", watch=dispatcher_died)
-    with pytest.raises(WorkerDiedError, match="dispatching process"):
-        channel.recv(timeout_s=5)
-
-
-def test_the_serving_side_notices_its_parent_is_gone() -> None:
-    channel, endpoint, _ = make_pipe_pair()
-    channel.close()
-    with pytest.raises(ParentGone):
-        endpoint.recv(timeout_s=1)
-    channel2, endpoint2, _ = make_pipe_pair()
-    endpoint2.parent = ParentWatch(-1)  # not our parent: as if the parent had died and we were adopted
-    with pytest.raises(ParentGone):
-        endpoint2.recv(timeout_s=0.01)
-    channel2.close()
-
-
-@pytest.mark.parametrize(
-    "code, words",
-    [(None, "no exit code yet"), (0, "exit code 0"), (1, "exit code 1"), (-15, "exit code -15 (SIGTERM)")],
-)
-def test_describe_exit(code, words) -> None:  # type: ignore[no-untyped-def]
-    assert describe_exit(code) == words
+if __name__ == "__main__":
+    unittest.main()

@@ -2,7 +2,10 @@
 package DataLoader2 users import, listed in its ``__all__``, and documented (elastic resume's own
 names: test_elastic.py)."""
 
-import pytest
+import unittest
+from unittest import TestCase
+
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 
 import torchdata_snapshot as package
 
@@ -27,12 +30,19 @@ PUBLIC_NAMES = [
 ]
 
 
-def test_all_stays_sorted() -> None:
-    assert package.__all__ == sorted(package.__all__)
+class TestPublicNames(TestCase):
+    def test_all_stays_sorted(self) -> None:
+        assert package.__all__ == sorted(package.__all__)
+
+    @parametrize("name", PUBLIC_NAMES)
+    def test_is_exported_and_documented(self, name: str) -> None:
+        assert name in package.__all__
+        doc = getattr(package, name).__doc__
+        assert doc and doc.strip(), f"{name} has no docstring"
 
 
-@pytest.mark.parametrize("name", PUBLIC_NAMES)
-def test_is_exported_and_documented(name: str) -> None:
-    assert name in package.__all__
-    doc = getattr(package, name).__doc__
-    assert doc and doc.strip(), f"{name} has no docstring"
+instantiate_parametrized_tests(TestPublicNames)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -4,6 +4,9 @@ through several elastic resumes of one epoch."""
 
 from __future__ import annotations
 
+import unittest
+from unittest import TestCase
+
 from torchdata.datapipes.iter import IterableWrapper
 
 from torchdata_snapshot.core.messages import Level
@@ -14,33 +17,37 @@ from torchdata_snapshot.elastic.remaining import Remaining, skips_of_instance
 FIRST = Level(whole=(1, 0), partial=(1, 2))
 
 
-def test_an_element_partly_delivered_remains() -> None:
-    assert list(Remaining(IterableWrapper(range(6)), [FIRST])) == [1, 2, 3, 4, 5]
-    assert list(Remaining(IterableWrapper(range(6)), [Level((1, 0), (0, 0))])) == [1, 2, 3, 4, 5]
-    assert list(Remaining(IterableWrapper(range(6)), [Level((1, 1), (0, 0))])) == [2, 3, 4, 5]
+class TestRemaining(TestCase):
+    def test_an_element_partly_delivered_remains(self) -> None:
+        assert list(Remaining(IterableWrapper(range(6)), [FIRST])) == [1, 2, 3, 4, 5]
+        assert list(Remaining(IterableWrapper(range(6)), [Level((1, 0), (0, 0))])) == [1, 2, 3, 4, 5]
+        assert list(Remaining(IterableWrapper(range(6)), [Level((1, 1), (0, 0))])) == [2, 3, 4, 5]
+
+    def test_the_new_instance_that_is_dealt_a_partly_delivered_element_skips_what_was_delivered(self) -> None:
+        # Remaining: 1 (2 items delivered), 2 (1 item), 3, 4, 5; over 3 new instances.
+        assert skips_of_instance([FIRST], 3, 0) == {0: 2}
+        assert skips_of_instance([FIRST], 3, 1) == {0: 1}
+        assert skips_of_instance([FIRST], 3, 2) == {}
+        # Over one instance: its elements 0 and 1 are elements 1 and 2 of the epoch.
+        assert skips_of_instance([FIRST], 1, 0) == {0: 2, 1: 1}
+
+    def test_a_later_resume_counts_from_the_elements_first_item_and_drops_what_it_delivered_whole(
+        self,
+    ) -> None:
+        # Then 3 instances (dealt 1, 2, 3, 4, 5 round-robin): instance 0 delivered element 1 whole and
+        # 1 item of element 4; instance 1 had 3 items of element 2 (its first, skipping 1 of them).
+        second = Level(whole=(1, 0, 0), partial=(1, 3, 0))
+        # Remaining after both: 2 (3 items), 3, 4 (1 item), 5.
+        assert list(Remaining(IterableWrapper(range(6)), [FIRST, second])) == [2, 3, 4, 5]
+        assert skips_of_instance([FIRST, second], 1, 0) == {0: 3, 2: 1}
+        assert skips_of_instance([FIRST, second], 2, 0) == {0: 3, 1: 1}
+        assert skips_of_instance([FIRST, second], 2, 1) == {}
+
+    def test_a_partly_delivered_element_no_later_worker_reached_keeps_its_count(self) -> None:
+        untouched = Level(whole=(0, 0, 0), partial=(0, 0, 0))
+        assert skips_of_instance([FIRST, untouched], 3, 0) == {0: 2}
+        assert skips_of_instance([FIRST, untouched], 3, 1) == {0: 1}
 
 
-def test_the_new_instance_that_is_dealt_a_partly_delivered_element_skips_what_was_delivered() -> None:
-    # Remaining: 1 (2 items delivered), 2 (1 item), 3, 4, 5; over 3 new instances.
-    assert skips_of_instance([FIRST], 3, 0) == {0: 2}
-    assert skips_of_instance([FIRST], 3, 1) == {0: 1}
-    assert skips_of_instance([FIRST], 3, 2) == {}
-    # Over one instance: its elements 0 and 1 are elements 1 and 2 of the epoch.
-    assert skips_of_instance([FIRST], 1, 0) == {0: 2, 1: 1}
-
-
-def test_a_later_resume_counts_from_the_elements_first_item_and_drops_what_it_delivered_whole() -> None:
-    # Then 3 instances (dealt 1, 2, 3, 4, 5 round-robin): instance 0 delivered element 1 whole and
-    # 1 item of element 4; instance 1 had 3 items of element 2 (its first, skipping 1 of them).
-    second = Level(whole=(1, 0, 0), partial=(1, 3, 0))
-    # Remaining after both: 2 (3 items), 3, 4 (1 item), 5.
-    assert list(Remaining(IterableWrapper(range(6)), [FIRST, second])) == [2, 3, 4, 5]
-    assert skips_of_instance([FIRST, second], 1, 0) == {0: 3, 2: 1}
-    assert skips_of_instance([FIRST, second], 2, 0) == {0: 3, 1: 1}
-    assert skips_of_instance([FIRST, second], 2, 1) == {}
-
-
-def test_a_partly_delivered_element_no_later_worker_reached_keeps_its_count() -> None:
-    untouched = Level(whole=(0, 0, 0), partial=(0, 0, 0))
-    assert skips_of_instance([FIRST, untouched], 3, 0) == {0: 2}
-    assert skips_of_instance([FIRST, untouched], 3, 1) == {0: 1}
+if __name__ == "__main__":
+    unittest.main()
