@@ -715,6 +715,19 @@ def test_test_files_are_cut_into_cumulative_slices() -> None:
     assert counts == sorted(counts) and counts[0] >= 1 and counts[-1] == 6
 
 
+def test_a_test_class_is_cut_between_its_methods_into_cumulative_slices() -> None:
+    rewrite = tool("rewrite")
+    methods = "".join(f"    def test_{i}(self):\n        pass\n\n" for i in range(6))
+    source = f"import os\n\n\nclass TestX(TestCase):\n{methods}\n\ninstantiate_parametrized_tests(TestX)\n"
+    slices: List[str] = rewrite.test_slices(source, 3)
+    for text in slices:
+        compile(text, "test_x.py", "exec")
+        assert text.startswith("import os"), "every slice has the header"
+        assert text.rstrip().endswith("instantiate_parametrized_tests(TestX)"), "and what follows the class"
+    counts = [s.count("def test_") for s in slices]
+    assert counts == sorted(counts) and counts[0] >= 1 and counts[-1] == 6
+
+
 def test_a_test_file_can_leave_out_the_tests_a_later_commit_adds() -> None:
     rewrite = tool("rewrite")
     source = (

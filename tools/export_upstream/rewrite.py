@@ -359,9 +359,15 @@ def without_tests(source: str, names: Sequence[str]) -> str:
 
 def test_slices(source: str, parts: int) -> List[str]:
     """``source`` cut into ``parts`` cumulative texts: the first holds the file's header (imports,
-    helpers) and the first slice of its tests, each next one the tests up to its slice."""
+    helpers) and the first slice of its tests, each next one the tests up to its slice. A file
+    whose tests are the methods of one test class is cut between its methods, the class's
+    header and what follows the class (``instantiate_parametrized_tests``) in every slice."""
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name.startswith("Test")]
+    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")]
+    if len(classes) == 1 and not functions:
+        return _method_slices(classes[0], lines, parts)
     first_test = next(
         (
             _start(node)
@@ -385,3 +391,24 @@ def test_slices(source: str, parts: int) -> List[str]:
         while cuts[i] > cuts[i - 1] + 1 and lines[cuts[i] - 1].lstrip().startswith(("#", "@")):
             cuts[i] -= 1
     return ["".join(lines[: cuts[k + 1]]).rstrip("\n") + "\n" for k in range(parts)]
+
+
+def _method_slices(cls: ast.ClassDef, lines: List[str], parts: int) -> List[str]:
+    """The slices of a file whose tests are the methods of ``cls``: cut between its test methods."""
+    methods = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test")]
+    if parts == 1 or len(methods) < parts:
+        return ["".join(lines)] * parts
+    starts = [_start(m) for m in methods]
+    for i, start in enumerate(starts):  # a comment block right above a method goes with it
+        while start > 0 and lines[start - 1].lstrip().startswith("#"):
+            start -= 1
+        starts[i] = start
+    first, end = starts[0], cls.end_lineno or cls.lineno
+    total = end - first
+    cuts = [first]
+    for k in range(1, parts):
+        goal = first + total * k // parts
+        cuts.append(min((s for s in starts if s > cuts[-1]), key=lambda s: abs(s - goal)))
+    cuts.append(end)
+    footer = "".join(lines[end:])
+    return ["".join(lines[: cuts[k + 1]]).rstrip("\n") + "\n" + footer for k in range(parts)]
