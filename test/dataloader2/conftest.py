@@ -17,6 +17,13 @@ from torchdata.dataloader2 import DataLoader2
 #: The start methods of this platform (Windows has no fork, nor forkserver).
 START_METHODS = multiprocessing.get_all_start_methods()
 
+
+def start_methods(*names: str) -> List[str]:
+    """Those of ``names`` this platform has: a test parametrized over them has no case for the
+    others (Windows has no fork, nor forkserver)."""
+    return [name for name in names if name in START_METHODS]
+
+
 #: Modules that start processes with fork when they are imported.
 collect_ignore = [] if "fork" in START_METHODS else ["test_channel.py", "test_leak_guard.py"]
 

@@ -15,12 +15,14 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
+import unittest
 from typing import List
 
 import psutil
 import pytest
-from conftest import requires_fork
+from conftest import requires_fork, start_methods
+from suite_case import SuiteTestCase
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 
 from torchdata_snapshot import MultiProcessingReadingService
 
@@ -142,24 +144,6 @@ def _kill_all(proc: subprocess.Popen, pids: List[int]) -> None:
         proc.wait(EXIT_LIMIT_S)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
-@pytest.mark.parametrize("how", sorted(LEAVING))
-def test_a_script_that_leaves_without_shutdown_ends_with_its_workers(
-    tmp_path: Path, how: str, context: str
-) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT.format(module=MultiProcessingReadingService.__module__, limit=EXIT_LIMIT_S))
-    with subprocess.Popen(
-        [sys.executable, str(script), how, context],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, as a job started from a shell
-    ) as proc:
-        _leave_and_check_the_exit(proc, how, context)
-
-
 def _leave_and_check_the_exit(proc: subprocess.Popen, how: str, context: str) -> None:
     pids: List[int] = []
     try:
@@ -213,14 +197,39 @@ if __name__ == "__main__":
 """
 
 
-@requires_fork
-def test_a_forked_child_that_exits_leaves_the_parents_workers_alone(tmp_path: Path) -> None:
-    """A process forked from the training process (``os.fork``) inherits its exit hooks; when it
-    exits, the hook must not stop the workers of its parent's loader."""
-    script = tmp_path / "fork_and_exit.py"
-    script.write_text(FORKING_SCRIPT.format(module=MultiProcessingReadingService.__module__))
-    done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=START_LIMIT_S
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["0", "True"], done.stderr
+class TestExit(SuiteTestCase):
+    @pytest.mark.slow
+    @parametrize("context", start_methods("fork", "spawn", "forkserver"))
+    @parametrize("how", sorted(LEAVING))
+    def test_a_script_that_leaves_without_shutdown_ends_with_its_workers(
+        self, how: str, context: str
+    ) -> None:
+        script = self.tmp_path / "train.py"
+        script.write_text(SCRIPT.format(module=MultiProcessingReadingService.__module__, limit=EXIT_LIMIT_S))
+        with subprocess.Popen(
+            [sys.executable, str(script), how, context],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its own process group, as a job started from a shell
+        ) as proc:
+            _leave_and_check_the_exit(proc, how, context)
+
+    @requires_fork
+    def test_a_forked_child_that_exits_leaves_the_parents_workers_alone(self) -> None:
+        """A process forked from the training process (``os.fork``) inherits its exit hooks; when it
+        exits, the hook must not stop the workers of its parent's loader."""
+        script = self.tmp_path / "fork_and_exit.py"
+        script.write_text(FORKING_SCRIPT.format(module=MultiProcessingReadingService.__module__))
+        done = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=START_LIMIT_S
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["0", "True"], done.stderr
+
+
+instantiate_parametrized_tests(TestExit)
+
+
+if __name__ == "__main__":
+    unittest.main()

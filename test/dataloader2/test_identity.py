@@ -9,11 +9,13 @@ import os
 import pickle
 import subprocess
 import sys
+import unittest
 from pathlib import Path
 from typing import Any, Dict
 
-import pytest
 from pipelines import double, is_even, kill_always_at, pipeline, scaled, split
+from suite_case import SuiteTestCase
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 from torch.utils.data.graph_settings import apply_sharding
 from torchdata.datapipes.iter import FileOpener, IterableWrapper
 
@@ -22,18 +24,6 @@ from torchdata_snapshot.checkpoint.identity import graph_arguments, graph_finger
 
 def build(fn: Any = double) -> Any:
     return IterableWrapper(range(10)).shuffle().sharding_filter().map(fn)
-
-
-def test_the_fingerprint_follows_the_structure_of_the_pipeline() -> None:
-    assert graph_fingerprint(build()) == graph_fingerprint(build())
-    assert graph_fingerprint(build()) != graph_fingerprint(build(is_even)), "another map function"
-    assert graph_fingerprint(build()) != graph_fingerprint(build().batch(2)), "another DataPipe"
-    shorter = IterableWrapper(range(10)).sharding_filter().map(double)
-    assert graph_fingerprint(build()) != graph_fingerprint(shorter)
-    assert graph_fingerprint(IterableWrapper(range(5))) == graph_fingerprint(IterableWrapper(range(9))), (
-        "the data is not part of the structure"
-    )
-    assert graph_fingerprint(build()) == "9b2a7a7734b0f0d9", "states of format 3 and older hold this digest"
 
 
 def source(n: int = 20) -> Any:
@@ -81,69 +71,85 @@ COMMON: Dict[str, Any] = {
 }
 
 
-@pytest.fixture
-def text_file(tmp_path: Path) -> str:
-    path = tmp_path / "lines.txt"
-    path.write_text("a\nb\nc\n")
-    return str(path)
-
-
-@pytest.mark.parametrize("name", sorted(COMMON))
-def test_the_arguments_are_the_plain_constructor_arguments(name: str) -> None:
-    make, expected = COMMON[name]
-    datapipe = make()
-    assert graph_arguments(datapipe)[f"0:{type(datapipe).__name__}"] == expected
-
-
-def test_the_arguments_of_files_and_lines(text_file: str) -> None:
-    lines = FileOpener(IterableWrapper([text_file]), mode="r").readlines(strip_newline=False)
-    assert list(graph_arguments(lines).values()) == [
-        {  # kept in a helper object
-            "strip_newline": False,
-            "skip_lines": 0,
-            "decode": False,
-            "encoding": "utf-8",
-            "errors": "ignore",
-            "return_path": True,
-        },
-        {"mode": "rt", "encoding": None},  # "r" is "rt"; the nominal length is not the data
-        {"deepcopy": True},  # the file names are its data
-    ]
-
-
-@pytest.mark.parametrize("name", sorted(COMMON))
-def test_the_arguments_do_not_change_as_the_graph_runs_or_travels(name: str) -> None:
-    datapipe = COMMON[name][0]()
-    fresh = graph_identity(datapipe)
-    apply_sharding(datapipe, 2, 1)  # what sharding (DistributedReadingService too) sets
-    iterator = iter(datapipe)
-    for _ in zip(range(7), iterator):
-        pass
-    assert graph_identity(datapipe) == fresh
-    assert graph_identity(pickle.loads(pickle.dumps(datapipe))) == fresh
-
-
-def test_the_data_and_long_values_are_not_arguments() -> None:
-    assert graph_arguments(IterableWrapper(list(range(10_000)))) == graph_arguments(IterableWrapper([1]))
-    long = source().map(functools.partial(scaled, factor=list(range(1000))))
-    assert "fn.factor" not in graph_arguments(long)["0:MapperIterDataPipe"]
-
-
 def partial_pipeline() -> Any:
     return pipeline("stateful_source", 30).map(functools.partial(kill_always_at, 99))
 
 
-def test_the_fingerprint_and_arguments_are_the_same_in_a_fresh_process() -> None:
-    """No address, id or hash order: another interpreter, with another hash seed, agrees."""
-    code = (
-        "import json, warnings; warnings.simplefilter('ignore'); import test_identity as t; "
-        "g = t.graph_identity(t.partial_pipeline()); print(json.dumps([g.fingerprint, g.arguments]))"
-    )
-    here = Path(__file__).parent
-    env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": os.pathsep.join([str(here), *sys.path])}
-    output = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True
-    ).stdout
-    ours = graph_identity(partial_pipeline())
-    assert json.loads(output) == [ours.fingerprint, ours.arguments]
-    assert ours.arguments is not None and ours.arguments["0:MapperIterDataPipe"]["fn.args[0]"] == 99
+class TestIdentity(SuiteTestCase):
+    @functools.cached_property
+    def text_file(self) -> str:
+        path = self.tmp_path / "lines.txt"
+        path.write_text("a\nb\nc\n")
+        return str(path)
+
+    def test_the_fingerprint_follows_the_structure_of_the_pipeline(self) -> None:
+        assert graph_fingerprint(build()) == graph_fingerprint(build())
+        assert graph_fingerprint(build()) != graph_fingerprint(build(is_even)), "another map function"
+        assert graph_fingerprint(build()) != graph_fingerprint(build().batch(2)), "another DataPipe"
+        shorter = IterableWrapper(range(10)).sharding_filter().map(double)
+        assert graph_fingerprint(build()) != graph_fingerprint(shorter)
+        assert graph_fingerprint(IterableWrapper(range(5))) == graph_fingerprint(IterableWrapper(range(9))), (
+            "the data is not part of the structure"
+        )
+        assert graph_fingerprint(build()) == "9b2a7a7734b0f0d9", (
+            "states of format 3 and older hold this digest"
+        )
+
+    @parametrize("name", sorted(COMMON))
+    def test_the_arguments_are_the_plain_constructor_arguments(self, name: str) -> None:
+        make, expected = COMMON[name]
+        datapipe = make()
+        assert graph_arguments(datapipe)[f"0:{type(datapipe).__name__}"] == expected
+
+    def test_the_arguments_of_files_and_lines(self) -> None:
+        lines = FileOpener(IterableWrapper([self.text_file]), mode="r").readlines(strip_newline=False)
+        assert list(graph_arguments(lines).values()) == [
+            {  # kept in a helper object
+                "strip_newline": False,
+                "skip_lines": 0,
+                "decode": False,
+                "encoding": "utf-8",
+                "errors": "ignore",
+                "return_path": True,
+            },
+            {"mode": "rt", "encoding": None},  # "r" is "rt"; the nominal length is not the data
+            {"deepcopy": True},  # the file names are its data
+        ]
+
+    @parametrize("name", sorted(COMMON))
+    def test_the_arguments_do_not_change_as_the_graph_runs_or_travels(self, name: str) -> None:
+        datapipe = COMMON[name][0]()
+        fresh = graph_identity(datapipe)
+        apply_sharding(datapipe, 2, 1)  # what sharding (DistributedReadingService too) sets
+        iterator = iter(datapipe)
+        for _ in zip(range(7), iterator):
+            pass
+        assert graph_identity(datapipe) == fresh
+        assert graph_identity(pickle.loads(pickle.dumps(datapipe))) == fresh
+
+    def test_the_data_and_long_values_are_not_arguments(self) -> None:
+        assert graph_arguments(IterableWrapper(list(range(10_000)))) == graph_arguments(IterableWrapper([1]))
+        long = source().map(functools.partial(scaled, factor=list(range(1000))))
+        assert "fn.factor" not in graph_arguments(long)["0:MapperIterDataPipe"]
+
+    def test_the_fingerprint_and_arguments_are_the_same_in_a_fresh_process(self) -> None:
+        """No address, id or hash order: another interpreter, with another hash seed, agrees."""
+        code = (
+            "import json, warnings; warnings.simplefilter('ignore'); import test_identity as t; "
+            "g = t.graph_identity(t.partial_pipeline()); print(json.dumps([g.fingerprint, g.arguments]))"
+        )
+        here = Path(__file__).parent
+        env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": os.pathsep.join([str(here), *sys.path])}
+        output = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True
+        ).stdout
+        ours = graph_identity(partial_pipeline())
+        assert json.loads(output) == [ours.fingerprint, ours.arguments]
+        assert ours.arguments is not None and ours.arguments["0:MapperIterDataPipe"]["fn.args[0]"] == 99
+
+
+instantiate_parametrized_tests(TestIdentity)
+
+
+if __name__ == "__main__":
+    unittest.main()

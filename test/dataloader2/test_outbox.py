@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Iterator, List, Tuple
+import unittest
+from typing import Any, List, Tuple
 
 import pytest
+from suite_case import SuiteTestCase
 
 from torchdata_snapshot import BatchingOptions
 from torchdata_snapshot._constants import LIVENESS_CHECK_INTERVAL_S
@@ -23,23 +25,6 @@ from torchdata_snapshot.core.transport.item_codec import ItemDecoder, ItemEncode
 from torchdata_snapshot.core.transport.outbox import Outbox
 
 
-@pytest.fixture
-def outbox_pair() -> Iterator[Any]:
-    """``make(batching)`` -> ``(outbox, channel)``; the outbox's thread is stopped after the test."""
-    made: List[Tuple[Outbox, Channel]] = []
-
-    def make(batching: BatchingOptions = BatchingOptions()) -> Tuple[Outbox, Channel]:
-        channel, endpoint, _ = make_pipe_pair()
-        made.append((Outbox(endpoint, batching, "worker 0"), channel))
-        return made[-1]
-
-    yield make
-    for outbox, channel in made:
-        channel.close()  # a write blocked on a full pipe ends with the reader gone
-        outbox.close(timeout_s=10)
-        assert not outbox._thread.is_alive()
-
-
 def payload(item: Any) -> bytes:
     return ItemEncoder().dumps(item)
 
@@ -49,20 +34,6 @@ def read_all(channel: Channel) -> List[Any]:
     while channel.poll():
         out.append(channel.recv(timeout_s=1))
     return out
-
-
-def test_items_and_messages_are_written_in_the_order_they_were_queued(outbox_pair: Any) -> None:
-    outbox, channel = outbox_pair()
-    outbox.start_epoch(0)
-    outbox.put_item(QueuedItem(0, payload("a")))
-    outbox.put(m.PauseResponse())
-    outbox.put_item(QueuedItem(0, payload("b")))
-    outbox.put_item(QueuedItem(0, payload("c")))
-    outbox.drain()
-    written = read_all(channel)
-    assert isinstance(written[0], m.ItemsResponse) and ItemDecoder.decode(1, written[0].payload) == ["a"]
-    assert written[1] == m.PauseResponse()
-    assert [x for r in written[2:] for x in ItemDecoder.decode(r.count, r.payload)] == ["b", "c"]
 
 
 class Blocking:
@@ -83,108 +54,139 @@ class Blocking:
         return getattr(self.endpoint, name)
 
 
-def test_what_accumulated_during_a_write_goes_out_as_one_bounded_message() -> None:
-    channel, endpoint, _ = make_pipe_pair()
-    blocking = Blocking(endpoint)
-    outbox = Outbox(blocking, BatchingOptions(max_items=4), "worker 0")  # type: ignore[arg-type]
-    try:
+class TestOutbox(SuiteTestCase):
+    def outbox_pair(self, batching: BatchingOptions = BatchingOptions()) -> Tuple[Outbox, Channel]:
+        """``(outbox, channel)``; the outbox's thread is stopped after the test."""
+        channel, endpoint, _ = make_pipe_pair()
+        outbox = Outbox(endpoint, batching, "worker 0")
+
+        def stop() -> None:
+            channel.close()  # a write blocked on a full pipe ends with the reader gone
+            outbox.close(timeout_s=10)
+            assert not outbox._thread.is_alive()
+
+        self.addCleanup(stop)
+        return outbox, channel
+
+    def test_items_and_messages_are_written_in_the_order_they_were_queued(self) -> None:
+        outbox, channel = self.outbox_pair()
         outbox.start_epoch(0)
-        outbox.put_item(QueuedItem(0, payload(0)))
-        assert blocking.entered.wait(10)
-        for x in range(1, 10):
-            outbox.put_item(QueuedItem(0, payload(x), digest=x))
-        blocking.release.set()
-        outbox.drain()
-        counts = [r.count for r in read_all(channel)]
-        assert counts == [1, 4, 4, 1], "one write in progress, then batches of at most max_items"
-        assert outbox.counters() == (10, 4)
-    finally:
-        blocking.release.set()
-        outbox.close(timeout_s=10)
-        channel.close()
-
-
-def test_a_batch_closes_once_it_holds_max_bytes() -> None:
-    channel, endpoint, _ = make_pipe_pair()
-    blocking = Blocking(endpoint)
-    outbox = Outbox(blocking, BatchingOptions(max_items=64, max_bytes=250), "worker 0")  # type: ignore[arg-type]
-    try:
-        outbox.start_epoch(0)
-        outbox.put_item(QueuedItem(0, b"x"))
-        assert blocking.entered.wait(10)
-        for _ in range(6):
-            outbox.put_item(QueuedItem(0, bytes(100)))
-        blocking.release.set()
-        outbox.drain()
-        assert [len(r.payload) for r in read_all(channel)] == [1, 300, 300]
-    finally:
-        blocking.release.set()
-        outbox.close(timeout_s=10)
-        channel.close()
-
-
-def test_running_digests_travel_with_their_items(outbox_pair: Any) -> None:
-    from array import array
-
-    outbox, channel = outbox_pair(BatchingOptions(max_items=2))
-    outbox.start_epoch(0)
-    for x in range(3):
-        outbox.put_item(QueuedItem(0, payload(x), digest=100 + x))
-    outbox.drain()
-    assert [d for r in read_all(channel) for d in array("Q", r.digests)] == [100, 101, 102]
-
-
-def test_a_new_epoch_drops_unwritten_items_of_the_old_one_but_not_messages() -> None:
-    channel, endpoint, _ = make_pipe_pair()
-    blocking = Blocking(endpoint)
-    outbox = Outbox(blocking, BatchingOptions(), "worker 0")  # type: ignore[arg-type]
-    try:
-        outbox.start_epoch(0)
-        outbox.put_item(QueuedItem(0, payload("written")))
-        assert blocking.entered.wait(10)
-        outbox.put_item(QueuedItem(0, payload("dropped")))
-        outbox.put(m.ResetEpochResponse(1))
-        threading.Timer(0.05, blocking.release.set).start()  # start_epoch waits for the write
-        outbox.start_epoch(1, sent=5)
-        outbox.put_item(QueuedItem(1, payload("new")))
+        outbox.put_item(QueuedItem(0, payload("a")))
+        outbox.put(m.PauseResponse())
+        outbox.put_item(QueuedItem(0, payload("b")))
+        outbox.put_item(QueuedItem(0, payload("c")))
         outbox.drain()
         written = read_all(channel)
-        assert [type(r).__name__ for r in written] == ["ItemsResponse", "ResetEpochResponse", "ItemsResponse"]
-        assert ItemDecoder.decode(1, written[-1].payload) == ["new"]
-        assert outbox.counters() == (6, 1), "counted from the replayed position"
-    finally:
-        blocking.release.set()
-        outbox.close(timeout_s=10)
-        channel.close()
+        assert isinstance(written[0], m.ItemsResponse) and ItemDecoder.decode(1, written[0].payload) == ["a"]
+        assert written[1] == m.PauseResponse()
+        assert [x for r in written[2:] for x in ItemDecoder.decode(r.count, r.payload)] == ["b", "c"]
 
+    def test_what_accumulated_during_a_write_goes_out_as_one_bounded_message(self) -> None:
+        channel, endpoint, _ = make_pipe_pair()
+        blocking = Blocking(endpoint)
+        outbox = Outbox(blocking, BatchingOptions(max_items=4), "worker 0")  # type: ignore[arg-type]
+        try:
+            outbox.start_epoch(0)
+            outbox.put_item(QueuedItem(0, payload(0)))
+            assert blocking.entered.wait(10)
+            for x in range(1, 10):
+                outbox.put_item(QueuedItem(0, payload(x), digest=x))
+            blocking.release.set()
+            outbox.drain()
+            counts = [r.count for r in read_all(channel)]
+            assert counts == [1, 4, 4, 1], "one write in progress, then batches of at most max_items"
+            assert outbox.counters() == (10, 4)
+        finally:
+            blocking.release.set()
+            outbox.close(timeout_s=10)
+            channel.close()
 
-def test_drain_does_not_wait_forever_for_a_training_process_that_is_gone(outbox_pair: Any) -> None:
-    """A write blocks while nobody reads the pipe; once the parent is gone, drain gives up."""
-    outbox, channel = outbox_pair()
-    outbox.endpoint.parent = ParentWatch(-1)  # not our parent: as if it had died
-    outbox.start_epoch(0)
-    outbox.put_item(QueuedItem(0, bytes(4 << 20)))  # larger than any pipe buffer: the write blocks
-    start = time.monotonic()
-    with pytest.raises(ParentGone):
+    def test_a_batch_closes_once_it_holds_max_bytes(self) -> None:
+        channel, endpoint, _ = make_pipe_pair()
+        blocking = Blocking(endpoint)
+        outbox = Outbox(blocking, BatchingOptions(max_items=64, max_bytes=250), "worker 0")  # type: ignore[arg-type]
+        try:
+            outbox.start_epoch(0)
+            outbox.put_item(QueuedItem(0, b"x"))
+            assert blocking.entered.wait(10)
+            for _ in range(6):
+                outbox.put_item(QueuedItem(0, bytes(100)))
+            blocking.release.set()
+            outbox.drain()
+            assert [len(r.payload) for r in read_all(channel)] == [1, 300, 300]
+        finally:
+            blocking.release.set()
+            outbox.close(timeout_s=10)
+            channel.close()
+
+    def test_running_digests_travel_with_their_items(self) -> None:
+        from array import array
+
+        outbox, channel = self.outbox_pair(BatchingOptions(max_items=2))
+        outbox.start_epoch(0)
+        for x in range(3):
+            outbox.put_item(QueuedItem(0, payload(x), digest=100 + x))
         outbox.drain()
-    assert time.monotonic() - start < 3 * LIVENESS_CHECK_INTERVAL_S
+        assert [d for r in read_all(channel) for d in array("Q", r.digests)] == [100, 101, 102]
+
+    def test_a_new_epoch_drops_unwritten_items_of_the_old_one_but_not_messages(self) -> None:
+        channel, endpoint, _ = make_pipe_pair()
+        blocking = Blocking(endpoint)
+        outbox = Outbox(blocking, BatchingOptions(), "worker 0")  # type: ignore[arg-type]
+        try:
+            outbox.start_epoch(0)
+            outbox.put_item(QueuedItem(0, payload("written")))
+            assert blocking.entered.wait(10)
+            outbox.put_item(QueuedItem(0, payload("dropped")))
+            outbox.put(m.ResetEpochResponse(1))
+            threading.Timer(0.05, blocking.release.set).start()  # start_epoch waits for the write
+            outbox.start_epoch(1, sent=5)
+            outbox.put_item(QueuedItem(1, payload("new")))
+            outbox.drain()
+            written = read_all(channel)
+            assert [type(r).__name__ for r in written] == [
+                "ItemsResponse",
+                "ResetEpochResponse",
+                "ItemsResponse",
+            ]
+            assert ItemDecoder.decode(1, written[-1].payload) == ["new"]
+            assert outbox.counters() == (6, 1), "counted from the replayed position"
+        finally:
+            blocking.release.set()
+            outbox.close(timeout_s=10)
+            channel.close()
+
+    def test_drain_does_not_wait_forever_for_a_training_process_that_is_gone(self) -> None:
+        """A write blocks while nobody reads the pipe; once the parent is gone, drain gives up."""
+        outbox, channel = self.outbox_pair()
+        outbox.endpoint.parent = ParentWatch(-1)  # not our parent: as if it had died
+        outbox.start_epoch(0)
+        outbox.put_item(QueuedItem(0, bytes(4 << 20)))  # larger than any pipe buffer: the write blocks
+        start = time.monotonic()
+        with pytest.raises(ParentGone):
+            outbox.drain()
+        assert time.monotonic() - start < 3 * LIVENESS_CHECK_INTERVAL_S
+
+    def test_close_writes_what_is_queued_then_stops_the_thread(self) -> None:
+        outbox, channel = self.outbox_pair()
+        outbox.start_epoch(0)
+        for x in range(5):
+            outbox.put_item(QueuedItem(0, payload(x)))
+        outbox.close(timeout_s=10)
+        assert not outbox._thread.is_alive()
+        assert [x for r in read_all(channel) for x in ItemDecoder.decode(r.count, r.payload)] == list(
+            range(5)
+        )
+
+    def test_once_the_reader_is_gone_every_put_says_so(self) -> None:
+        outbox, channel = self.outbox_pair()
+        outbox.start_epoch(0)
+        channel.close()
+        outbox.put_item(QueuedItem(0, payload(1)))  # the thread finds the pipe closed at this write
+        outbox.drain()  # returns: nothing can be written any more
+        with pytest.raises(ParentGone):
+            outbox.put_item(QueuedItem(0, payload(2)))
 
 
-def test_close_writes_what_is_queued_then_stops_the_thread(outbox_pair: Any) -> None:
-    outbox, channel = outbox_pair()
-    outbox.start_epoch(0)
-    for x in range(5):
-        outbox.put_item(QueuedItem(0, payload(x)))
-    outbox.close(timeout_s=10)
-    assert not outbox._thread.is_alive()
-    assert [x for r in read_all(channel) for x in ItemDecoder.decode(r.count, r.payload)] == list(range(5))
-
-
-def test_once_the_reader_is_gone_every_put_says_so(outbox_pair: Any) -> None:
-    outbox, channel = outbox_pair()
-    outbox.start_epoch(0)
-    channel.close()
-    outbox.put_item(QueuedItem(0, payload(1)))  # the thread finds the pipe closed at this write
-    outbox.drain()  # returns: nothing can be written any more
-    with pytest.raises(ParentGone):
-        outbox.put_item(QueuedItem(0, payload(2)))
+if __name__ == "__main__":
+    unittest.main()

@@ -3,11 +3,15 @@ chain loaded with the states a chain reported after k items yields the rest, exa
 
 from __future__ import annotations
 
+import functools
 import os
+import unittest
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Sequence
 
 import pytest
+from suite_case import SuiteTestCase
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter.filelister import FileListerIterDataPipe
 from torchdata.datapipes.iter import FileLister, IterableWrapper
@@ -57,93 +61,97 @@ def _chain(build: Build, tmp: Path, resumable: bool) -> List[IterDataPipe]:
     return [*leaves, top]
 
 
-@pytest.fixture
-def tmp(tmp_path: Path) -> Path:
-    (tmp_path / "sub").mkdir()
-    for name in ("b.txt", "a.txt", "c.txt", "d.bin", "sub/e.txt", "sub/f.txt"):
-        (tmp_path / name).write_text(name)
-    return tmp_path
+class TestResumableDatapipes(SuiteTestCase):
+    @functools.cached_property
+    def tmp(self) -> Path:
+        """Files in a directory and its subdirectory ``sub``."""
+        (self.tmp_path / "sub").mkdir()
+        for name in ("b.txt", "a.txt", "c.txt", "d.bin", "sub/e.txt", "sub/f.txt"):
+            (self.tmp_path / name).write_text(name)
+        return self.tmp_path
 
+    def test_every_adapted_type_is_exercised(self) -> None:
+        assert set(BUILDS) | {"IterableWrapperIterDataPipe"} == {t.__name__ for t in ADAPTERS}
 
-def test_every_adapted_type_is_exercised() -> None:
-    assert set(BUILDS) | {"IterableWrapperIterDataPipe"} == {t.__name__ for t in ADAPTERS}
+    @parametrize("name", sorted(BUILDS))
+    def test_the_equivalent_yields_what_the_original_yields(self, name: str) -> None:
+        original = _chain(BUILDS[name], self.tmp, resumable=False)[-1]
+        assert list(_chain(BUILDS[name], self.tmp, resumable=True)[-1]) == list(original)
 
-
-@pytest.mark.parametrize("name", sorted(BUILDS))
-def test_the_equivalent_yields_what_the_original_yields(name: str, tmp: Path) -> None:
-    original = _chain(BUILDS[name], tmp, resumable=False)[-1]
-    assert list(_chain(BUILDS[name], tmp, resumable=True)[-1]) == list(original)
-
-
-@pytest.mark.parametrize("name", sorted(BUILDS))
-@pytest.mark.parametrize("k", [1, 3, 5])
-def test_loaded_states_resume_after_k_items(name: str, k: int, tmp: Path) -> None:
-    chain = _chain(BUILDS[name], tmp, resumable=True)
-    everything = list(_chain(BUILDS[name], tmp, resumable=True)[-1])
-    it = iter(chain[-1])
-    head = [next(it) for _ in range(k)]
-    states = [dp.state_dict() for dp in chain]  # type: ignore[attr-defined]
-    fresh = _chain(BUILDS[name], tmp, resumable=True)
-    for dp, state in zip(fresh, states):
-        dp.load_state_dict(state)  # type: ignore[attr-defined]
-    assert head + list(fresh[-1]) == everything
-
-
-@pytest.mark.parametrize("name", sorted(BUILDS))
-def test_a_restored_equivalent_reports_the_states_of_the_uninterrupted_one(name: str, tmp: Path) -> None:
-    """Item by item, and once its data is exhausted (restored at its end included): the state of
-    a restored equivalent is the one the uninterrupted one had there, so that a restore from a
-    state captured after a restore continues exactly too. (Its sources, when they have not
-    started since their states were loaded, are the graph state's business: see test_stateful.)"""
-    uninterrupted = _chain(BUILDS[name], tmp, resumable=True)
-    everything, states = [], []
-    for item in uninterrupted[-1]:
-        everything.append(item)
-        states.append([dp.state_dict() for dp in uninterrupted])  # type: ignore[attr-defined]
-    exhausted = uninterrupted[-1].state_dict()  # type: ignore[attr-defined]
-    for k in range(1, len(everything) + 1):
-        restored = _chain(BUILDS[name], tmp, resumable=True)
-        for dp, state in zip(restored, states[k - 1]):
+    @parametrize("name", sorted(BUILDS))
+    @parametrize("k", [1, 3, 5])
+    def test_loaded_states_resume_after_k_items(self, name: str, k: int) -> None:
+        chain = _chain(BUILDS[name], self.tmp, resumable=True)
+        everything = list(_chain(BUILDS[name], self.tmp, resumable=True)[-1])
+        it = iter(chain[-1])
+        head = [next(it) for _ in range(k)]
+        states = [dp.state_dict() for dp in chain]  # type: ignore[attr-defined]
+        fresh = _chain(BUILDS[name], self.tmp, resumable=True)
+        for dp, state in zip(fresh, states):
             dp.load_state_dict(state)  # type: ignore[attr-defined]
-        top = restored[-1]
-        for j, item in enumerate(top, start=k):
-            assert (item, top.state_dict()) == (everything[j], states[j][-1]), f"restored after {k}, item {j}"
-        assert top.state_dict() == exhausted, f"restored after {k}, exhausted"
+        assert head + list(fresh[-1]) == everything
 
+    @parametrize("name", sorted(BUILDS))
+    def test_a_restored_equivalent_reports_the_states_of_the_uninterrupted_one(self, name: str) -> None:
+        """Item by item, and once its data is exhausted (restored at its end included): the state of
+        a restored equivalent is the one the uninterrupted one had there, so that a restore from a
+        state captured after a restore continues exactly too. (Its sources, when they have not
+        started since their states were loaded, are the graph state's business: see test_stateful.)"""
+        uninterrupted = _chain(BUILDS[name], self.tmp, resumable=True)
+        everything, states = [], []
+        for item in uninterrupted[-1]:
+            everything.append(item)
+            states.append([dp.state_dict() for dp in uninterrupted])  # type: ignore[attr-defined]
+        exhausted = uninterrupted[-1].state_dict()  # type: ignore[attr-defined]
+        for k in range(1, len(everything) + 1):
+            restored = _chain(BUILDS[name], self.tmp, resumable=True)
+            for dp, state in zip(restored, states[k - 1]):
+                dp.load_state_dict(state)  # type: ignore[attr-defined]
+            top = restored[-1]
+            for j, item in enumerate(top, start=k):
+                assert (item, top.state_dict()) == (everything[j], states[j][-1]), (
+                    f"restored after {k}, item {j}"
+                )
+            assert top.state_dict() == exhausted, f"restored after {k}, exhausted"
 
-def test_a_file_lister_state_of_an_earlier_release_loads_without_its_listing_digest(tmp: Path) -> None:
-    roots, lister = _chain(BUILDS["FileListerIterDataPipe"], tmp, resumable=True)
-    everything = list(lister)
-    roots.load_state_dict({"position": 1})  # type: ignore[attr-defined]
-    lister.load_state_dict({"root": str(tmp), "yielded": 2})  # type: ignore[attr-defined]
-    assert list(lister) == everything[2:]
-    with pytest.raises(ValueError, match="'listed' is not a valid"):
-        lister.load_state_dict({"root": str(tmp), "yielded": 2, "listed": 7})  # type: ignore[attr-defined]
+    def test_a_file_lister_state_of_an_earlier_release_loads_without_its_listing_digest(self) -> None:
+        roots, lister = _chain(BUILDS["FileListerIterDataPipe"], self.tmp, resumable=True)
+        everything = list(lister)
+        roots.load_state_dict({"position": 1})  # type: ignore[attr-defined]
+        lister.load_state_dict({"root": str(self.tmp), "yielded": 2})  # type: ignore[attr-defined]
+        assert list(lister) == everything[2:]
+        with pytest.raises(ValueError, match="'listed' is not a valid"):
+            lister.load_state_dict({"root": str(self.tmp), "yielded": 2, "listed": 7})  # type: ignore[attr-defined]
 
-
-@pytest.mark.parametrize("abspath", [False, True])
-def test_a_file_lister_state_loads_into_a_root_moved_elsewhere_that_lists_the_same_names(
-    tmp_path: Path, abspath: bool
-) -> None:
-    """The listing's digest is of the names below the root: a state whose root was moved checks
-    and continues the same names there (and a name that differs there is still refused)."""
-    old, new = tmp_path / "old", tmp_path / "new"
-    for root in (old, new):
-        root.mkdir()
-        for name in ("a.txt", "b.txt", "c.txt"):
-            (root / name).write_text(name)
-    lister = ADAPTERS[FileListerIterDataPipe](FileLister(str(old), abspath=abspath))
-    it = iter(lister)
-    next(it), next(it)
-    state = {**lister.state_dict(), "root": str(new)}  # type: ignore[attr-defined]
-    again = ADAPTERS[FileListerIterDataPipe](FileLister(str(new), abspath=abspath))
-    again.load_state_dict(state)  # type: ignore[attr-defined]
-    assert os.path.basename(next(iter(again))) == "c.txt"  # (then its source's roots, afresh)
-    os.rename(new / "b.txt", new / "b2.txt")
-    with pytest.raises(ChangedFileError, match=f"{new} lists other files"):
+    @parametrize("abspath", [False, True])
+    def test_a_file_lister_state_loads_into_a_root_moved_elsewhere_that_lists_the_same_names(
+        self, abspath: bool
+    ) -> None:
+        """The listing's digest is of the names below the root: a state whose root was moved checks
+        and continues the same names there (and a name that differs there is still refused)."""
+        old, new = self.tmp_path / "old", self.tmp_path / "new"
+        for root in (old, new):
+            root.mkdir()
+            for name in ("a.txt", "b.txt", "c.txt"):
+                (root / name).write_text(name)
+        lister = ADAPTERS[FileListerIterDataPipe](FileLister(str(old), abspath=abspath))
+        it = iter(lister)
+        next(it), next(it)
+        state = {**lister.state_dict(), "root": str(new)}  # type: ignore[attr-defined]
+        again = ADAPTERS[FileListerIterDataPipe](FileLister(str(new), abspath=abspath))
         again.load_state_dict(state)  # type: ignore[attr-defined]
+        assert os.path.basename(next(iter(again))) == "c.txt"  # (then its source's roots, afresh)
+        os.rename(new / "b.txt", new / "b2.txt")
+        with pytest.raises(ChangedFileError, match=f"{new} lists other files"):
+            again.load_state_dict(state)  # type: ignore[attr-defined]
+
+    def test_a_malformed_state_is_refused_when_loaded(self) -> None:
+        with pytest.raises(ValueError, match="the state of ResumableIterableWrapper must have the fields"):
+            ResumableIterableWrapper(range(3)).load_state_dict({"nonsense": 1})
 
 
-def test_a_malformed_state_is_refused_when_loaded() -> None:
-    with pytest.raises(ValueError, match="the state of ResumableIterableWrapper must have the fields"):
-        ResumableIterableWrapper(range(3)).load_state_dict({"nonsense": 1})
+instantiate_parametrized_tests(TestResumableDatapipes)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -5,12 +5,13 @@ from __future__ import annotations
 import random
 import struct
 import sys
+import unittest
 from pathlib import Path
 from typing import List, Tuple
 
 import numpy
-import pytest
 import torch
+from suite_case import SuiteTestCase
 
 import torchdata_snapshot
 from torchdata_snapshot.checkpoint.rng_states import (
@@ -42,41 +43,6 @@ def pipeline_draws(user_draws_between: int) -> List[Tuple[float, float, float]]:
     return out
 
 
-def test_the_pipeline_draws_the_same_whatever_the_caller_draws() -> None:
-    assert pipeline_draws(0) == pipeline_draws(5)
-
-
-def test_the_caller_draws_the_same_whatever_the_pipeline_draws() -> None:
-    random.seed(7)
-    torch.manual_seed(7)
-    numpy.random.seed(7)
-    expected = [draw() for _ in range(3)]
-    random.seed(7)
-    torch.manual_seed(7)
-    numpy.random.seed(7)
-    rng = IsolatedRNG()
-    got = []
-    for _ in range(3):
-        with rng.active():
-            draw()
-            draw()
-        got.append(draw())
-    assert got == expected
-
-
-def test_the_caller_state_comes_back_even_if_the_pipeline_raises() -> None:
-    random.seed(3)
-    before = random.getstate()
-    rng = IsolatedRNG()
-    try:
-        with rng.active():
-            random.random()
-            raise ValueError("boom")
-    except ValueError:
-        pass
-    assert random.getstate() == before
-
-
 def odd_normals() -> Tuple[float, float, float]:
     """One value from each library's normal distribution: the second of numpy's pair is cached."""
     return random.gauss(0, 1), float(torch.randn(())), float(numpy.random.normal())
@@ -91,115 +57,139 @@ def seeded_rng() -> IsolatedRNG:
     return rng
 
 
-def test_each_item_starts_with_an_empty_numpy_gaussian_cache_however_items_are_grouped() -> None:
-    one_swap_per_item = seeded_rng()
-    expected = []
-    for _ in range(4):
-        with one_swap_per_item.active():
-            expected.append(odd_normals())
-    grouped = seeded_rng()
-    got = []
-    with grouped.active():
-        for i in range(4):
-            if i:
-                grouped.next_item()
-            got.append(odd_normals())
-    assert got == expected
-    numpy.random.seed(2)
-    first, carried = numpy.random.normal(), numpy.random.normal()  # (the pair's second is cached)
-    assert got[0][2] == first and got[1][2] != carried, "the second item drew a new pair"
-
-
-def test_the_caller_keeps_its_numpy_bit_generator_and_the_pipeline_has_its_own() -> None:
-    callers = numpy.random.get_bit_generator()
-    rng = seeded_rng()
-    with rng.active():
-        pipelines = numpy.random.get_bit_generator()
-        numpy.random.rand()
-    assert numpy.random.get_bit_generator() is callers and pipelines is not callers
-    with rng.active():
-        assert numpy.random.get_bit_generator() is pipelines
-
-
-def test_without_set_bit_generator_numpy_states_are_swapped_by_value_with_the_same_draws(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """numpy < 1.25 has no set_bit_generator: get_state()/set_state(), the cache cleared alike."""
-
-    def items(rng: IsolatedRNG) -> List[Tuple[float, float, float]]:
-        out = []
-        for _ in range(3):
-            with rng.active():
-                out.append(odd_normals())
-            numpy.random.normal()  # the caller's draws
-        with rng.active():
-            out.append(odd_normals())
-            rng.next_item()
-            out.append(odd_normals())
-        return out
-
-    by_reference = items(seeded_rng())
-    monkeypatch.delattr(numpy.random, "set_bit_generator")
-    assert items(seeded_rng()) == by_reference
-
-
-def test_numpy_random_imported_by_the_pipeline_gives_the_caller_a_state_of_its_own(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    rng = IsolatedRNG()
-    module = sys.modules["numpy.random"]
-    monkeypatch.delitem(sys.modules, "numpy.random")  # not imported yet when the block starts
-    with rng.active():
-        sys.modules["numpy.random"] = module  # the pipeline imports it
-        numpy.random.seed(4)
-    assert numpy.random.get_bit_generator() is not rng._numpy
-    with rng.active():
-        first = numpy.random.rand()
-    numpy.random.rand()  # the caller's draw does not reach the pipeline's state
-    with rng.active():
-        second = numpy.random.rand()
-    numpy.random.seed(4)
-    assert [first, second] == list(numpy.random.rand(2))
-
-
-# --- packed states, as captures store them ---------------------------------------------------
-
-
 def _draw_everything() -> Tuple[float, float, float, float]:
     return (random.random(), random.gauss(0, 1), torch.rand(1).item(), float(numpy.random.standard_normal()))
 
 
-def test_a_packed_global_state_set_back_gives_the_same_draws() -> None:
-    """Past the twister's 624 words and with both Gaussian caches full (an odd number of
-    normals drawn), the packed state brings back exactly the draws that followed it."""
-    random.seed(1)
-    torch.manual_seed(1)
-    numpy.random.seed(1)
-    for _ in range(700):
-        _draw_everything()
-    numpy.random.standard_normal(3)
-    random.gauss(0, 1)
-    packed = packed_global_rng_state()
-    expected = [_draw_everything() for _ in range(5)]
-    set_global_rng_state(unpack_global_rng_state(packed))
-    assert [_draw_everything() for _ in range(5)] == expected
+class TestRng(SuiteTestCase):
+    def test_the_pipeline_draws_the_same_whatever_the_caller_draws(self) -> None:
+        assert pipeline_draws(0) == pipeline_draws(5)
+
+    def test_the_caller_draws_the_same_whatever_the_pipeline_draws(self) -> None:
+        random.seed(7)
+        torch.manual_seed(7)
+        numpy.random.seed(7)
+        expected = [draw() for _ in range(3)]
+        random.seed(7)
+        torch.manual_seed(7)
+        numpy.random.seed(7)
+        rng = IsolatedRNG()
+        got = []
+        for _ in range(3):
+            with rng.active():
+                draw()
+                draw()
+            got.append(draw())
+        assert got == expected
+
+    def test_the_caller_state_comes_back_even_if_the_pipeline_raises(self) -> None:
+        random.seed(3)
+        before = random.getstate()
+        rng = IsolatedRNG()
+        try:
+            with rng.active():
+                random.random()
+                raise ValueError("boom")
+        except ValueError:
+            pass
+        assert random.getstate() == before
+
+    def test_each_item_starts_with_an_empty_numpy_gaussian_cache_however_items_are_grouped(self) -> None:
+        one_swap_per_item = seeded_rng()
+        expected = []
+        for _ in range(4):
+            with one_swap_per_item.active():
+                expected.append(odd_normals())
+        grouped = seeded_rng()
+        got = []
+        with grouped.active():
+            for i in range(4):
+                if i:
+                    grouped.next_item()
+                got.append(odd_normals())
+        assert got == expected
+        numpy.random.seed(2)
+        first, carried = numpy.random.normal(), numpy.random.normal()  # (the pair's second is cached)
+        assert got[0][2] == first and got[1][2] != carried, "the second item drew a new pair"
+
+    def test_the_caller_keeps_its_numpy_bit_generator_and_the_pipeline_has_its_own(self) -> None:
+        callers = numpy.random.get_bit_generator()
+        rng = seeded_rng()
+        with rng.active():
+            pipelines = numpy.random.get_bit_generator()
+            numpy.random.rand()
+        assert numpy.random.get_bit_generator() is callers and pipelines is not callers
+        with rng.active():
+            assert numpy.random.get_bit_generator() is pipelines
+
+    def test_without_set_bit_generator_numpy_states_are_swapped_by_value_with_the_same_draws(self) -> None:
+        """numpy < 1.25 has no set_bit_generator: get_state()/set_state(), the cache cleared alike."""
+
+        def items(rng: IsolatedRNG) -> List[Tuple[float, float, float]]:
+            out = []
+            for _ in range(3):
+                with rng.active():
+                    out.append(odd_normals())
+                numpy.random.normal()  # the caller's draws
+            with rng.active():
+                out.append(odd_normals())
+                rng.next_item()
+                out.append(odd_normals())
+            return out
+
+        by_reference = items(seeded_rng())
+        self.monkeypatch.delattr(numpy.random, "set_bit_generator")
+        assert items(seeded_rng()) == by_reference
+
+    def test_numpy_random_imported_by_the_pipeline_gives_the_caller_a_state_of_its_own(self) -> None:
+        rng = IsolatedRNG()
+        module = sys.modules["numpy.random"]
+        self.monkeypatch.delitem(sys.modules, "numpy.random")  # not imported yet when the block starts
+        with rng.active():
+            sys.modules["numpy.random"] = module  # the pipeline imports it
+            numpy.random.seed(4)
+        assert numpy.random.get_bit_generator() is not rng._numpy
+        with rng.active():
+            first = numpy.random.rand()
+        numpy.random.rand()  # the caller's draw does not reach the pipeline's state
+        with rng.active():
+            second = numpy.random.rand()
+        numpy.random.seed(4)
+        assert [first, second] == list(numpy.random.rand(2))
+
+    def test_a_packed_global_state_set_back_gives_the_same_draws(self) -> None:
+        """Past the twister's 624 words and with both Gaussian caches full (an odd number of
+        normals drawn), the packed state brings back exactly the draws that followed it."""
+        random.seed(1)
+        torch.manual_seed(1)
+        numpy.random.seed(1)
+        for _ in range(700):
+            _draw_everything()
+        numpy.random.standard_normal(3)
+        random.gauss(0, 1)
+        packed = packed_global_rng_state()
+        expected = [_draw_everything() for _ in range(5)]
+        set_global_rng_state(unpack_global_rng_state(packed))
+        assert [_draw_everything() for _ in range(5)] == expected
+
+    def test_packed_states_are_plain_little_endian_bytes_read_through_public_apis(self) -> None:
+        """The words are stored little-endian whatever the machine, so a checkpoint moves between
+        byte orders; they are what ``getstate()``/``get_state()`` return."""
+        rng = random.Random(7)
+        rng.random()
+        version, words, gauss = pack_python_state(rng.getstate())
+        assert words == struct.pack("<625I", *rng.getstate()[1])
+        assert unpack_python_state((version, words, gauss)) == rng.getstate()
+        numpy.random.seed(3)
+        _, key, *_ = packed_global_rng_state()[2]
+        assert key == numpy.random.get_state()[1].astype("<u4").tobytes()
+
+    def test_the_package_reads_no_object_memory(self) -> None:
+        """RNG states are read through their APIs, never at addresses of objects (``ctypes``)."""
+        package = Path(torchdata_snapshot.__file__).parent
+        users = [p.name for p in package.glob("*.py") if "ctypes" in p.read_text()]
+        assert users == []
 
 
-def test_packed_states_are_plain_little_endian_bytes_read_through_public_apis() -> None:
-    """The words are stored little-endian whatever the machine, so a checkpoint moves between
-    byte orders; they are what ``getstate()``/``get_state()`` return."""
-    rng = random.Random(7)
-    rng.random()
-    version, words, gauss = pack_python_state(rng.getstate())
-    assert words == struct.pack("<625I", *rng.getstate()[1])
-    assert unpack_python_state((version, words, gauss)) == rng.getstate()
-    numpy.random.seed(3)
-    _, key, *_ = packed_global_rng_state()[2]
-    assert key == numpy.random.get_state()[1].astype("<u4").tobytes()
-
-
-def test_the_package_reads_no_object_memory() -> None:
-    """RNG states are read through their APIs, never at addresses of objects (``ctypes``)."""
-    package = Path(torchdata_snapshot.__file__).parent
-    users = [p.name for p in package.glob("*.py") if "ctypes" in p.read_text()]
-    assert users == []
+if __name__ == "__main__":
+    unittest.main()

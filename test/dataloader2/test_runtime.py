@@ -4,11 +4,13 @@ it, behind the outlet."""
 
 from __future__ import annotations
 
-from typing import Iterator, List, Tuple
+import functools
+import unittest
+from typing import List, Tuple
 
 import psutil
-import pytest
 from pipelines import started_runtime
+from suite_case import SuiteTestCase
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import IterableWrapper
 
@@ -24,17 +26,6 @@ def _children() -> List[psutil.Process]:
     return [p for p in psutil.Process().children(recursive=True) if p.is_running()]
 
 
-@pytest.fixture(params=[0, 2], ids=["in_process", "two_workers"])
-def running(request: pytest.FixtureRequest) -> Iterator[Running]:
-    before = {p.pid for p in _children()}
-    runtime, outlet = started_runtime(IterableWrapper(range(10)).sharding_filter(), request.param)
-    try:
-        yield runtime, outlet
-    finally:
-        runtime.shutdown(5.0)
-    assert {p.pid for p in _children()} - before == set(), "shutdown leaves no process behind"
-
-
 def _start_epoch(running: Running, epoch: int = 0) -> Outlet:
     runtime, outlet = running
     runtime.start_epoch(outlet, epoch, SeedGenerator(7), None, None)
@@ -42,30 +33,58 @@ def _start_epoch(running: Running, epoch: int = 0) -> Outlet:
     return outlet
 
 
-def test_each_number_of_workers_gets_its_runtime(running: Running) -> None:
-    runtime, _ = running
-    assert isinstance(runtime, InProcess if runtime.positions is None else WorkerProcesses)
+class RuntimeTests:
+    """The tests of a runtime of ``num_workers`` workers (0: in this process), a mixin of the
+    TestCase classes below (a TestCase of its own would be collected)."""
+
+    num_workers = 0
+
+    @functools.cached_property
+    def running(self) -> Running:
+        """The runtime and its outlet, shut down after the test, leaving no process behind."""
+        before = {p.pid for p in _children()}
+        runtime, outlet = started_runtime(IterableWrapper(range(10)).sharding_filter(), self.num_workers)
+
+        def shut_down() -> None:
+            runtime.shutdown(5.0)
+            assert {p.pid for p in _children()} - before == set(), "shutdown leaves no process behind"
+
+        self.addCleanup(shut_down)
+        return runtime, outlet
+
+    def test_each_number_of_workers_gets_its_runtime(self) -> None:
+        runtime, _ = self.running
+        assert isinstance(runtime, InProcess if runtime.positions is None else WorkerProcesses)
+
+    def test_an_epoch_yields_the_whole_graph_once(self) -> None:
+        outlet = _start_epoch(self.running)
+        items = list(outlet)
+        assert items == list(range(10)), "round-robin over the workers is the sharded order"
+        assert outlet.finished and outlet.delivered == 10
+
+    def test_a_snapshot_reports_each_process_running_the_graph(self) -> None:
+        runtime, _ = self.running
+        outlet = _start_epoch(self.running)
+        it = iter(outlet)
+        [next(it) for _ in range(3)]
+        snapshots = runtime.snapshot(outlet, 0, paused=False)
+        expected = 1 if isinstance(runtime, InProcess) else 2
+        assert len(snapshots) == expected
+        assert sum(s.handed_on for s in snapshots) >= 3
+
+    def test_shutdown_is_idempotent(self) -> None:
+        runtime, _ = self.running
+        runtime.shutdown(5.0)
+        runtime.shutdown(5.0)
 
 
-def test_an_epoch_yields_the_whole_graph_once(running: Running) -> None:
-    outlet = _start_epoch(running)
-    items = list(outlet)
-    assert items == list(range(10)), "round-robin over the workers is the sharded order"
-    assert outlet.finished and outlet.delivered == 10
+class TestRuntimeInProcess(RuntimeTests, SuiteTestCase):
+    num_workers = 0
 
 
-def test_a_snapshot_reports_each_process_running_the_graph(running: Running) -> None:
-    runtime, _ = running
-    outlet = _start_epoch(running)
-    it = iter(outlet)
-    [next(it) for _ in range(3)]
-    snapshots = runtime.snapshot(outlet, 0, paused=False)
-    expected = 1 if isinstance(runtime, InProcess) else 2
-    assert len(snapshots) == expected
-    assert sum(s.handed_on for s in snapshots) >= 3
+class TestRuntimeOfTwoWorkers(RuntimeTests, SuiteTestCase):
+    num_workers = 2
 
 
-def test_shutdown_is_idempotent(running: Running) -> None:
-    runtime, _ = running
-    runtime.shutdown(5.0)
-    runtime.shutdown(5.0)
+if __name__ == "__main__":
+    unittest.main()

@@ -5,8 +5,11 @@ worker that died of it first would fail the step the training process is finishi
 import signal
 import subprocess
 import sys
+import unittest
+from unittest import TestCase
 
 import pytest
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 
 from torchdata_snapshot.core.worker.signals import ignore_job_signals
 
@@ -28,13 +31,24 @@ def signalled(ignore: bool, signum: int) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_child_that_ignores_job_signals_outlives_them(signum: int) -> None:
-    done = signalled(True, signum)
-    assert (done.returncode, done.stdout, done.stderr) == (0, "still running\n", "")
+class TestSignals(TestCase):
+    @parametrize(
+        "signum", [signal.SIGTERM, signal.SIGINT], name_fn=lambda signum: signal.Signals(signum).name
+    )
+    def test_a_child_that_ignores_job_signals_outlives_them(self, signum: int) -> None:
+        done = signalled(True, signum)
+        assert (done.returncode, done.stdout, done.stderr) == (0, "still running\n", "")
+
+    @parametrize(
+        "signum", [signal.SIGTERM, signal.SIGINT], name_fn=lambda signum: signal.Signals(signum).name
+    )
+    def test_without_it_the_same_signal_ends_the_process(self, signum: int) -> None:
+        done = signalled(False, signum)
+        assert done.stdout == "" and done.returncode != 0, "the signal ends it (SIGINT: KeyboardInterrupt)"
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_without_it_the_same_signal_ends_the_process(signum: int) -> None:
-    done = signalled(False, signum)
-    assert done.stdout == "" and done.returncode != 0, "the signal ends it (SIGINT: KeyboardInterrupt)"
+instantiate_parametrized_tests(TestSignals)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import unittest
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable, List, Tuple
@@ -12,6 +13,8 @@ from typing import Any, Callable, List, Tuple
 import pytest
 import torch
 from pipelines import CountingStateful, double, failing_counter, is_even, split
+from suite_case import SuiteTestCase
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torchdata.dataloader2.graph import set_graph_random_seed
 from torchdata.dataloader2.random import SeedGenerator
@@ -94,16 +97,6 @@ def epochs(dp: IterDataPipe, state: GraphState, count: int, first_epoch: int = 0
     return out
 
 
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_the_equivalents_yield_exactly_what_the_originals_yield(shape: str) -> None:
-    assert GraphState().unresumable(SHAPES[shape]()) is None
-    assert epochs(*resumable(SHAPES[shape]()), 3) == epochs(SHAPES[shape](), GraphState(), 3)
-
-
-def test_file_lister_equivalent(tmp_path: Path) -> None:
-    assert epochs(*resumable(files(tmp_path)), 2) == epochs(files(tmp_path), GraphState(), 2)
-
-
 def round_trip(build: Callable[[], IterDataPipe], k: int) -> None:
     """Capture a state after k items of epoch 1, load it into a new graph: the rest of the epoch
     and the next epoch are exactly those of an uninterrupted run."""
@@ -128,22 +121,6 @@ def round_trip(build: Callable[[], IterDataPipe], k: int) -> None:
     assert epochs(again, again_state, 1, first_epoch=2) == reference[1:]
 
 
-@pytest.mark.parametrize("where", ["start", "middle", "end"])
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_save_and_load_round_trip(shape: str, where: str) -> None:
-    length = len(epochs(*resumable(SHAPES[shape]()), 1, first_epoch=1)[0])
-    round_trip(SHAPES[shape], {"start": 0, "middle": length // 2, "end": length}[where])
-
-
-def test_file_lister_round_trip(tmp_path: Path) -> None:
-    for k in (0, 4, 7, 12):
-        round_trip(lambda: files(tmp_path), k)
-
-
-def test_a_datapipe_with_its_own_state_methods_resumes() -> None:
-    round_trip(lambda: CountingStateful(30).map(double), 11)
-
-
 class Opaque(IterDataPipe):
     def __init__(self, n: int) -> None:
         self.n = n
@@ -156,42 +133,6 @@ class Opaque(IterDataPipe):
 
 class OpaqueSubclass(Opaque):
     pass
-
-
-def test_unknown_datapipes_keep_the_graph_on_replay_until_registered() -> None:
-    assert GraphState().unresumable(Opaque(5).map(double)).endswith("Opaque")
-    assert GraphState().unresumable(IterableWrapper(iter(range(3)))).endswith("IterableWrapperIterDataPipe")
-    register_state_functions(Opaque, lambda dp: {"n": dp.n}, lambda dp, state: None)
-    try:
-        assert GraphState().unresumable(Opaque(5).map(double)) is None
-        assert GraphState().unresumable(OpaqueSubclass(5)).endswith("OpaqueSubclass"), "the exact type only"
-    finally:
-        delattr(Opaque, _REGISTERED)
-
-
-def test_a_graph_state_uses_the_state_functions_it_was_sent() -> None:
-    """As in a worker started by spawn, which did not run the code that registered them."""
-    assert GraphState().unresumable(Opaque(5)) is not None, "not registered in this process"
-    sent = StateFunctions(Opaque, lambda dp: {"start": dp.start}, lambda dp, state: None)
-    assert GraphState((sent,)).unresumable(Opaque(5)) is None
-
-
-def test_a_failing_load_state_dict_names_the_datapipe() -> None:
-    dp = failing_counter(10)
-    blob = GraphState().capture(graph_datapipes(CountingStateful(10)))
-    with pytest.raises(
-        StateRestoreError, match=r"load_state_dict\(\) of DataPipe 0:CountingStateful .* another dataset"
-    ):
-        GraphState().load(graph_datapipes(dp), blob)
-
-
-def test_the_sharding_filter_is_kept_so_that_seeding_still_finds_it() -> None:
-    from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
-
-    dp, _ = resumable(SHAPES["shuffle_before_sharding"]())
-    kinds = [type(d) for _, d in graph_datapipes(dp)]
-    assert ShardingFilterIterDataPipe in kinds, "torchdata's ShardingFilter stays in the graph"
-    assert len(kinds) == 3, "and nothing is inserted under it"
 
 
 class CountedReads(Sequence):
@@ -209,14 +150,6 @@ class CountedReads(Sequence):
             raise IndexError(index)
         self.reads.append(index)
         return index
-
-
-def test_a_resumed_iterable_wrapper_reads_nothing_before_its_position() -> None:
-    source = CountedReads(100_000)
-    dp, _ = resumable(IterableWrapper(source, deepcopy=False))
-    dp.load_state_dict({"position": 99_990})
-    assert next(iter(dp)) == 99_990
-    assert source.reads == [99_990], "a restore at k must not walk the k items before it"
 
 
 def middle_state(shape: str) -> tuple:
@@ -242,66 +175,135 @@ def wrong_states(state: Any) -> List[Any]:
     return wrong
 
 
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_a_state_of_the_wrong_shape_is_refused_when_loaded_naming_the_datapipe(shape: str) -> None:
-    dp, states = middle_state(shape)
-    keys = [key for key in states if key != "__global_rng__"]
-    assert keys, "the graph has states to damage"
-    for key in keys:
-        for wrong in wrong_states(states[key]):
+class TestStateful(SuiteTestCase):
+    @parametrize("shape", sorted(SHAPES))
+    def test_the_equivalents_yield_exactly_what_the_originals_yield(self, shape: str) -> None:
+        assert GraphState().unresumable(SHAPES[shape]()) is None
+        assert epochs(*resumable(SHAPES[shape]()), 3) == epochs(SHAPES[shape](), GraphState(), 3)
+
+    def test_file_lister_equivalent(self) -> None:
+        assert epochs(*resumable(files(self.tmp_path)), 2) == epochs(files(self.tmp_path), GraphState(), 2)
+
+    @parametrize("where", ["start", "middle", "end"])
+    @parametrize("shape", sorted(SHAPES))
+    def test_save_and_load_round_trip(self, shape: str, where: str) -> None:
+        length = len(epochs(*resumable(SHAPES[shape]()), 1, first_epoch=1)[0])
+        round_trip(SHAPES[shape], {"start": 0, "middle": length // 2, "end": length}[where])
+
+    def test_file_lister_round_trip(self) -> None:
+        for k in (0, 4, 7, 12):
+            round_trip(lambda: files(self.tmp_path), k)
+
+    def test_a_datapipe_with_its_own_state_methods_resumes(self) -> None:
+        round_trip(lambda: CountingStateful(30).map(double), 11)
+
+    def test_unknown_datapipes_keep_the_graph_on_replay_until_registered(self) -> None:
+        assert GraphState().unresumable(Opaque(5).map(double)).endswith("Opaque")
+        assert (
+            GraphState().unresumable(IterableWrapper(iter(range(3)))).endswith("IterableWrapperIterDataPipe")
+        )
+        register_state_functions(Opaque, lambda dp: {"n": dp.n}, lambda dp, state: None)
+        try:
+            assert GraphState().unresumable(Opaque(5).map(double)) is None
+            assert GraphState().unresumable(OpaqueSubclass(5)).endswith("OpaqueSubclass"), (
+                "the exact type only"
+            )
+        finally:
+            delattr(Opaque, _REGISTERED)
+
+    def test_a_graph_state_uses_the_state_functions_it_was_sent(self) -> None:
+        """As in a worker started by spawn, which did not run the code that registered them."""
+        assert GraphState().unresumable(Opaque(5)) is not None, "not registered in this process"
+        sent = StateFunctions(Opaque, lambda dp: {"start": dp.start}, lambda dp, state: None)
+        assert GraphState((sent,)).unresumable(Opaque(5)) is None
+
+    def test_a_failing_load_state_dict_names_the_datapipe(self) -> None:
+        dp = failing_counter(10)
+        blob = GraphState().capture(graph_datapipes(CountingStateful(10)))
+        with pytest.raises(
+            StateRestoreError, match=r"load_state_dict\(\) of DataPipe 0:CountingStateful .* another dataset"
+        ):
+            GraphState().load(graph_datapipes(dp), blob)
+
+    def test_the_sharding_filter_is_kept_so_that_seeding_still_finds_it(self) -> None:
+        from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
+
+        dp, _ = resumable(SHAPES["shuffle_before_sharding"]())
+        kinds = [type(d) for _, d in graph_datapipes(dp)]
+        assert ShardingFilterIterDataPipe in kinds, "torchdata's ShardingFilter stays in the graph"
+        assert len(kinds) == 3, "and nothing is inserted under it"
+
+    def test_a_resumed_iterable_wrapper_reads_nothing_before_its_position(self) -> None:
+        source = CountedReads(100_000)
+        dp, _ = resumable(IterableWrapper(source, deepcopy=False))
+        dp.load_state_dict({"position": 99_990})
+        assert next(iter(dp)) == 99_990
+        assert source.reads == [99_990], "a restore at k must not walk the k items before it"
+
+    @parametrize("shape", sorted(SHAPES))
+    def test_a_state_of_the_wrong_shape_is_refused_when_loaded_naming_the_datapipe(self, shape: str) -> None:
+        dp, states = middle_state(shape)
+        keys = [key for key in states if key != "__global_rng__"]
+        assert keys, "the graph has states to damage"
+        for key in keys:
+            for wrong in wrong_states(states[key]):
+                again, state = resumable(SHAPES[shape]())
+                state.reset(graph_datapipes(again))
+                blob = pickle.dumps({**states, key: wrong})
+                with pytest.raises(StateRestoreError, match=rf"DataPipe {key} "):
+                    state.load(graph_datapipes(again), blob)
+
+    def test_a_position_past_the_data_is_refused_when_loaded(self) -> None:
+        for shape, key, field in (
+            ("iterable_list", "0:ResumableIterableWrapper", "position"),
+            ("concat", "0:ResumableConcater", "index"),
+        ):
+            dp, states = middle_state(shape)
+            blob = pickle.dumps({**states, key: {**states[key], field: 10**6}})
             again, state = resumable(SHAPES[shape]())
-            state.reset(graph_datapipes(again))
-            blob = pickle.dumps({**states, key: wrong})
-            with pytest.raises(StateRestoreError, match=rf"DataPipe {key} "):
+            with pytest.raises(StateRestoreError, match="past the end|does not exist"):
                 state.load(graph_datapipes(again), blob)
 
+    def test_a_blob_that_is_not_a_graph_state_is_refused(self) -> None:
+        for blob in (
+            b"garbage",
+            pickle.dumps([1, 2]),
+            pickle.dumps({"0": {}}),
+            pickle.dumps({"__global_rng__": 1}),
+        ):
+            again, state = resumable(SHAPES["iterable_list"]())
+            with pytest.raises(StateRestoreError, match="the worker's graph state cannot be loaded"):
+                state.load(graph_datapipes(again), blob)
 
-def test_a_position_past_the_data_is_refused_when_loaded() -> None:
-    for shape, key, field in (
-        ("iterable_list", "0:ResumableIterableWrapper", "position"),
-        ("concat", "0:ResumableConcater", "index"),
-    ):
-        dp, states = middle_state(shape)
-        blob = pickle.dumps({**states, key: {**states[key], field: 10**6}})
-        again, state = resumable(SHAPES[shape]())
-        with pytest.raises(StateRestoreError, match="past the end|does not exist"):
-            state.load(graph_datapipes(again), blob)
+    def test_rng_states_are_packed_and_a_blob_of_the_previous_layout_still_loads(self) -> None:
+        """Captures store the Mersenne Twister words and torch's state as bytes (they pickle ten
+        times faster); blobs written before, with tuples of ints and a tensor, load the same."""
+        from torchdata_snapshot.checkpoint.rng_states import unpack_global_rng_state, unpack_python_state
+
+        dp, state = resumable(SHAPES["global_rng"]())
+        state.reset(graph_datapipes(dp))
+        set_graph_random_seed(dp, SeedGenerator(1))
+        it = iter(dp)
+        for _ in range(5):
+            next(it)
+        states = pickle.loads(state.capture(graph_datapipes(dp)))
+        rest = list(it)
+        python_state, torch_state, _ = states["__global_rng__"]
+        assert isinstance(python_state[1], bytes) and isinstance(torch_state, bytes)
+        shuffler = next(key for key in states if "Shuffler" in key)
+        assert isinstance(states[shuffler]["rng"][1], bytes)
+        old = {**states, "__global_rng__": unpack_global_rng_state(states["__global_rng__"])}
+        old[shuffler] = {**states[shuffler], "rng": unpack_python_state(states[shuffler]["rng"])}
+        assert isinstance(old["__global_rng__"][1], torch.Tensor) and len(old[shuffler]["rng"][1]) == 625
+        for blob in (pickle.dumps(states), pickle.dumps(old)):
+            again, again_state = resumable(SHAPES["global_rng"]())
+            again_state.reset(graph_datapipes(again))
+            again_state.load(graph_datapipes(again), blob)
+            assert list(again) == rest
 
 
-def test_a_blob_that_is_not_a_graph_state_is_refused() -> None:
-    for blob in (
-        b"garbage",
-        pickle.dumps([1, 2]),
-        pickle.dumps({"0": {}}),
-        pickle.dumps({"__global_rng__": 1}),
-    ):
-        again, state = resumable(SHAPES["iterable_list"]())
-        with pytest.raises(StateRestoreError, match="the worker's graph state cannot be loaded"):
-            state.load(graph_datapipes(again), blob)
+instantiate_parametrized_tests(TestStateful)
 
 
-def test_rng_states_are_packed_and_a_blob_of_the_previous_layout_still_loads() -> None:
-    """Captures store the Mersenne Twister words and torch's state as bytes (they pickle ten
-    times faster); blobs written before, with tuples of ints and a tensor, load the same."""
-    from torchdata_snapshot.checkpoint.rng_states import unpack_global_rng_state, unpack_python_state
-
-    dp, state = resumable(SHAPES["global_rng"]())
-    state.reset(graph_datapipes(dp))
-    set_graph_random_seed(dp, SeedGenerator(1))
-    it = iter(dp)
-    for _ in range(5):
-        next(it)
-    states = pickle.loads(state.capture(graph_datapipes(dp)))
-    rest = list(it)
-    python_state, torch_state, _ = states["__global_rng__"]
-    assert isinstance(python_state[1], bytes) and isinstance(torch_state, bytes)
-    shuffler = next(key for key in states if "Shuffler" in key)
-    assert isinstance(states[shuffler]["rng"][1], bytes)
-    old = {**states, "__global_rng__": unpack_global_rng_state(states["__global_rng__"])}
-    old[shuffler] = {**states[shuffler], "rng": unpack_python_state(states[shuffler]["rng"])}
-    assert isinstance(old["__global_rng__"][1], torch.Tensor) and len(old[shuffler]["rng"][1]) == 625
-    for blob in (pickle.dumps(states), pickle.dumps(old)):
-        again, again_state = resumable(SHAPES["global_rng"]())
-        again_state.reset(graph_datapipes(again))
-        again_state.load(graph_datapipes(again), blob)
-        assert list(again) == rest
+if __name__ == "__main__":
+    unittest.main()

@@ -7,13 +7,17 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import unittest
 from types import SimpleNamespace
 from typing import Any, List
 
 import numpy as np
 import pytest
 import torch
+from conftest import start_methods
 from pipelines import ForkReader, restarts_logged, rs, take, tensor_items, worker_pools, worker_processes
+from suite_case import SuiteTestCase
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
 
@@ -48,116 +52,9 @@ def assert_equal(got: List[torch.Tensor], expected: List[torch.Tensor]) -> None:
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
-@pytest.mark.parametrize("numel", [SIXTY_FOUR_KB, ONE_MB])
-def test_items_equal_the_in_process_run(make_dl: Any, context: str, numel: int) -> None:
-    dl = make_dl(tensor_items(30, numel), rs(2, multiprocessing_context=context, tensor_pool=True))
-    got = [t.clone() if i % 2 else t for i, t in enumerate(dl)]  # some kept, some copied
-    assert_equal(got, in_process(30, numel))
-    assert any(pooled(t) for t in got[::2])
-
-
-def test_a_kept_tensor_stays_valid_and_its_slot_is_not_reused(make_dl: Any) -> None:
-    dl = make_dl(tensor_items(200), rs(1, tensor_pool=True))
-    it = iter(dl)
-    kept = next(it)
-    assert pooled(kept)
-    expected = kept.clone()
-    for t in it:  # many more items than slots go by while it is kept
-        assert t.data_ptr() != kept.data_ptr()
-        assert torch.equal(kept, expected)
-    dl.shutdown()
-    assert torch.equal(kept, expected)  # valid after shutdown too; unmapped when dropped
-
-
-def test_a_user_holding_every_item_does_not_block_the_workers(make_dl: Any) -> None:
-    slots = TensorPoolOptions.for_window(21, 4096).slots  # 1 worker: a window of 21
-    dl = make_dl(tensor_items(3 * slots), rs(1, tensor_pool=True))
-    held = list(dl)  # more than the pool's slots: the rest take the usual path
-    assert_equal(held, in_process(3 * slots, SIXTY_FOUR_KB))
-    assert any(pooled(t) for t in held) and not all(pooled(t) for t in held)
-    del held
-    again = list(dl)  # slots came back when the tensors were dropped
-    assert pooled(again[0])
-
-
-def test_tensors_larger_than_a_slot_take_the_usual_path(make_dl: Any) -> None:
-    dl = make_dl(tensor_items(10, ONE_MB), rs(1, tensor_pool=True, tensor_pool_slot_bytes=64 << 10))
-    got = list(dl)
-    assert_equal(got, in_process(10, ONE_MB))
-    assert not any(pooled(t) for t in got)
-
-
-@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
-def test_a_killed_worker_is_reported_and_leaks_nothing(make_dl: Any, context: str) -> None:
-    dl = make_dl(tensor_items(400), rs(2, multiprocessing_context=context, tensor_pool=True))
-    it = iter(dl)
-    held = take(it, 10)
-    os.kill(worker_processes(dl)[1].pid, signal.SIGKILL)
-    with pytest.raises(WorkerDiedError, match="worker 1"):
-        for _ in it:
-            pass
-    assert all(t.shape == (SIXTY_FOUR_KB,) for t in held)
-
-
-def test_self_healing_continues_exactly_with_the_pool(make_dl: Any) -> None:
-    expected = in_process(200, SIXTY_FOUR_KB)
-    dl = make_dl(tensor_items(200), rs(2, tensor_pool=True, restart_dead_workers=1))
-    it = iter(dl)
-    got = take(it, 20)
-    os.kill(worker_processes(dl)[0].pid, signal.SIGKILL)
-    with restarts_logged():
-        got += list(it)
-    assert_equal(got, expected)
-
-
-def test_shutdown_mid_epoch_leaks_nothing(make_dl: Any) -> None:
-    dl = make_dl(tensor_items(400, ONE_MB), rs(2, tensor_pool=True))
-    it = iter(dl)
-    kept = take(it, 5)
-    dl.shutdown()
-    assert all(pooled(t) for t in kept)
-
-
-def test_exact_resume_with_tensor_items(make_dl: Any) -> None:
-    expected = in_process(60, SIXTY_FOUR_KB)
-    dl = make_dl(tensor_items(60), rs(2, tensor_pool=True))
-    it = iter(dl)
-    head = take(it, 23)
-    state = dl.state_dict()
-    dl.shutdown()
-    again = DataLoader2.from_state(state, rs(2, tensor_pool=True))
-    try:
-        assert_equal(head + list(again), expected)
-    finally:
-        again.shutdown()
-
-
 def image_item(i: int) -> dict:
     """A decoded-image-like item: a numpy array and a label."""
     return {"image": np.full((32, 32, 3), i % 251, dtype=np.uint8), "label": i}
-
-
-def test_numpy_arrays_cross_in_slots_and_resume_exactly(make_dl: Any) -> None:
-    def graph() -> Any:
-        return IterableWrapper(range(60)).shuffle().sharding_filter().map(image_item)
-
-    reference = make_dl(graph(), rs(0))
-    reference.seed(3)
-    expected = [(item["label"], item["image"].copy()) for item in reference]
-    dl = make_dl(graph(), rs(2, tensor_pool=True))
-    dl.seed(3)
-    it = iter(dl)
-    head = take(it, 17)
-    assert all(item["image"].base is not None for item in head)  # views of a slot, not copies
-    again = DataLoader2.from_state(dl.state_dict(), rs(2, tensor_pool=True))
-    dl.shutdown()
-    try:
-        got = [(item["label"], item["image"]) for item in head + list(again)]
-    finally:
-        again.shutdown()
-    assert [label for label, _ in got] == [label for label, _ in expected]
-    assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(got, expected))
 
 
 def decoded_bytes(i: int) -> Any:
@@ -165,89 +62,192 @@ def decoded_bytes(i: int) -> Any:
     return np.frombuffer(bytes([i % 256]) * 4096, dtype=np.uint8)
 
 
-@pytest.mark.parametrize("pool", [False, True])
-def test_a_read_only_array_arrives_read_only(make_dl: Any, pool: bool) -> None:
-    dl = make_dl(IterableWrapper(range(12)).sharding_filter().map(decoded_bytes), rs(2, tensor_pool=pool))
-    got = list(dl)
-    assert [int(a[0]) for a in got] == list(range(12))
-    assert not any(a.flags.writeable for a in got)  # as pickle gives them, with the pool or without
+class TestTensorPoolLoader(SuiteTestCase):
+    @parametrize("context", start_methods("fork", "spawn", "forkserver"))
+    @parametrize("numel", [SIXTY_FOUR_KB, ONE_MB])
+    def test_items_equal_the_in_process_run(self, context: str, numel: int) -> None:
+        dl = self.make_dl(tensor_items(30, numel), rs(2, multiprocessing_context=context, tensor_pool=True))
+        got = [t.clone() if i % 2 else t for i, t in enumerate(dl)]  # some kept, some copied
+        assert_equal(got, in_process(30, numel))
+        assert any(pooled(t) for t in got[::2])
 
+    def test_a_kept_tensor_stays_valid_and_its_slot_is_not_reused(self) -> None:
+        dl = self.make_dl(tensor_items(200), rs(1, tensor_pool=True))
+        it = iter(dl)
+        kept = next(it)
+        assert pooled(kept)
+        expected = kept.clone()
+        for t in it:  # many more items than slots go by while it is kept
+            assert t.data_ptr() != kept.data_ptr()
+            assert torch.equal(kept, expected)
+        dl.shutdown()
+        assert torch.equal(kept, expected)  # valid after shutdown too; unmapped when dropped
 
-@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
-def test_a_process_forked_with_a_tensor_reads_its_values_after_the_loader_moved_on(
-    make_dl: Any, context: str
-) -> None:
-    """An asynchronous checkpoint writer forked with a batch: the training process drops the
-    batch and iterates on, and the writer still reads what it was given. The user's fork is
-    always ``fork``; ``context`` is the workers' start method."""
-    numel = 1024
-    dl = make_dl(tensor_items(300, numel), rs(1, multiprocessing_context=context, tensor_pool=True))
-    it = iter(dl)
-    take(it, 3)
-    tensor = next(it)
-    assert pooled(tensor)
-    expected = (int(tensor[0]), int(tensor.sum()))
-    writer = ForkReader(tensor)
-    del tensor
-    try:
-        take(it, 150)  # the other slots are reused many times over meanwhile
+    def test_a_user_holding_every_item_does_not_block_the_workers(self) -> None:
+        slots = TensorPoolOptions.for_window(21, 4096).slots  # 1 worker: a window of 21
+        dl = self.make_dl(tensor_items(3 * slots), rs(1, tensor_pool=True))
+        held = list(dl)  # more than the pool's slots: the rest take the usual path
+        assert_equal(held, in_process(3 * slots, SIXTY_FOUR_KB))
+        assert any(pooled(t) for t in held) and not all(pooled(t) for t in held)
+        del held
+        again = list(dl)  # slots came back when the tensors were dropped
+        assert pooled(again[0])
+
+    def test_tensors_larger_than_a_slot_take_the_usual_path(self) -> None:
+        dl = self.make_dl(tensor_items(10, ONE_MB), rs(1, tensor_pool=True, tensor_pool_slot_bytes=64 << 10))
+        got = list(dl)
+        assert_equal(got, in_process(10, ONE_MB))
+        assert not any(pooled(t) for t in got)
+
+    @parametrize("context", start_methods("fork", "spawn", "forkserver"))
+    def test_a_killed_worker_is_reported_and_leaks_nothing(self, context: str) -> None:
+        dl = self.make_dl(tensor_items(400), rs(2, multiprocessing_context=context, tensor_pool=True))
+        it = iter(dl)
+        held = take(it, 10)
+        os.kill(worker_processes(dl)[1].pid, signal.SIGKILL)
+        with pytest.raises(WorkerDiedError, match="worker 1"):
+            for _ in it:
+                pass
+        assert all(t.shape == (SIXTY_FOUR_KB,) for t in held)
+
+    def test_self_healing_continues_exactly_with_the_pool(self) -> None:
+        expected = in_process(200, SIXTY_FOUR_KB)
+        dl = self.make_dl(tensor_items(200), rs(2, tensor_pool=True, restart_dead_workers=1))
+        it = iter(dl)
+        got = take(it, 20)
+        os.kill(worker_processes(dl)[0].pid, signal.SIGKILL)
+        with restarts_logged():
+            got += list(it)
+        assert_equal(got, expected)
+
+    def test_shutdown_mid_epoch_leaks_nothing(self) -> None:
+        dl = self.make_dl(tensor_items(400, ONE_MB), rs(2, tensor_pool=True))
+        it = iter(dl)
+        kept = take(it, 5)
+        dl.shutdown()
+        assert all(pooled(t) for t in kept)
+
+    def test_exact_resume_with_tensor_items(self) -> None:
+        expected = in_process(60, SIXTY_FOUR_KB)
+        dl = self.make_dl(tensor_items(60), rs(2, tensor_pool=True))
+        it = iter(dl)
+        head = take(it, 23)
+        state = dl.state_dict()
+        dl.shutdown()
+        again = DataLoader2.from_state(state, rs(2, tensor_pool=True))
+        try:
+            assert_equal(head + list(again), expected)
+        finally:
+            again.shutdown()
+
+    def test_numpy_arrays_cross_in_slots_and_resume_exactly(self) -> None:
+        def graph() -> Any:
+            return IterableWrapper(range(60)).shuffle().sharding_filter().map(image_item)
+
+        reference = self.make_dl(graph(), rs(0))
+        reference.seed(3)
+        expected = [(item["label"], item["image"].copy()) for item in reference]
+        dl = self.make_dl(graph(), rs(2, tensor_pool=True))
+        dl.seed(3)
+        it = iter(dl)
+        head = take(it, 17)
+        assert all(item["image"].base is not None for item in head)  # views of a slot, not copies
+        again = DataLoader2.from_state(dl.state_dict(), rs(2, tensor_pool=True))
+        dl.shutdown()
+        try:
+            got = [(item["label"], item["image"]) for item in head + list(again)]
+        finally:
+            again.shutdown()
+        assert [label for label, _ in got] == [label for label, _ in expected]
+        assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(got, expected))
+
+    @parametrize("pool", [False, True])
+    def test_a_read_only_array_arrives_read_only(self, pool: bool) -> None:
+        dl = self.make_dl(
+            IterableWrapper(range(12)).sharding_filter().map(decoded_bytes), rs(2, tensor_pool=pool)
+        )
+        got = list(dl)
+        assert [int(a[0]) for a in got] == list(range(12))
+        assert not any(a.flags.writeable for a in got)  # as pickle gives them, with the pool or without
+
+    @parametrize("context", start_methods("fork", "spawn", "forkserver"))
+    def test_a_process_forked_with_a_tensor_reads_its_values_after_the_loader_moved_on(
+        self, context: str
+    ) -> None:
+        """An asynchronous checkpoint writer forked with a batch: the training process drops the
+        batch and iterates on, and the writer still reads what it was given. The user's fork is
+        always ``fork``; ``context`` is the workers' start method."""
+        numel = 1024
+        dl = self.make_dl(tensor_items(300, numel), rs(1, multiprocessing_context=context, tensor_pool=True))
+        it = iter(dl)
+        take(it, 3)
+        tensor = next(it)
+        assert pooled(tensor)
+        expected = (int(tensor[0]), int(tensor.sum()))
+        writer = ForkReader(tensor)
+        del tensor
+        try:
+            take(it, 150)  # the other slots are reused many times over meanwhile
+            (pool,) = worker_pools(dl)
+            # Its slot, and those of the items the main process had prefetched when it forked.
+            assert pool.slots_held_for_forks >= 1
+        finally:
+            seen = writer.read()
+        assert seen == expected
+        take(it, 60)  # the writer has exited: its slot returns as the next items arrive (after
+        # those the main process had received already, the prefetch window's at most)
+        assert pool.slots_held_for_forks == 0
+
+    def test_the_reading_services_own_forks_hold_no_slot(self) -> None:
+        """Workers forked by another loader (or restarted by self-healing) read none of the user's
+        tensors: the slots of the tensors the user held meanwhile return as usual."""
+        dl = self.make_dl(tensor_items(100), rs(1, multiprocessing_context="fork", tensor_pool=True))
+        it = iter(dl)
+        kept = next(it)
+        assert pooled(kept)
+        other = self.make_dl(tensor_items(8), rs(2, multiprocessing_context="fork", tensor_pool=True))
+        assert len(list(other)) == 8
         (pool,) = worker_pools(dl)
-        # Its slot, and those of the items the main process had prefetched when it forked.
-        assert pool.slots_held_for_forks >= 1
-    finally:
-        seen = writer.read()
-    assert seen == expected
-    take(it, 60)  # the writer has exited: its slot returns as the next items arrive (after
-    # those the main process had received already, the prefetch window's at most)
-    assert pool.slots_held_for_forks == 0
+        free = pool.free_slots()
+        del kept
+        assert pool.slots_held_for_forks == 0 and pool.free_slots() == free + 1
+
+    def test_the_pool_is_on_by_default_where_the_platform_has_it(self) -> None:
+        from torchdata_snapshot import MultiProcessingReadingService
+
+        dl = self.make_dl(tensor_items(20), MultiProcessingReadingService(num_workers=1))
+        got = list(dl)
+        assert_equal(got, in_process(20, SIXTY_FOUR_KB))
+        assert all(pooled(t) for t in got)
+
+    def test_off_the_platform_the_default_takes_the_usual_path_and_asking_raises(self) -> None:
+        from torchdata_snapshot import MultiProcessingReadingService
+
+        # As on Windows or macOS: the pool module sees another platform (the rest of the process does not).
+        self.monkeypatch.setattr(pool_module, "sys", SimpleNamespace(platform="win32", modules=sys.modules))
+        dl = self.make_dl(tensor_items(20), MultiProcessingReadingService(num_workers=1))
+        got = list(dl)
+        assert_equal(got, in_process(20, SIXTY_FOUR_KB))
+        assert not any(pooled(t) for t in got) and worker_pools(dl) == [None]
+        with pytest.raises(
+            ValueError, match="tensor_pool=True: the tensor pool needs Linux .*platform is win32"
+        ):
+            MultiProcessingReadingService(num_workers=1, tensor_pool=True)
+        MultiProcessingReadingService(num_workers=1, tensor_pool=False)  # off: nothing to refuse
+
+    def test_the_slots_grow_to_the_items_seen(self) -> None:
+        """Slots start at 1 MiB: 2 MB items take the usual path until one has grown them."""
+        numel = 2 * ONE_MB
+        dl = self.make_dl(tensor_items(12, numel), rs(1, tensor_pool=True))
+        got = list(dl)
+        assert_equal(got, in_process(12, numel))
+        assert not pooled(got[0]) and all(pooled(t) for t in got[-4:])
+        (pool,) = worker_pools(dl)
+        assert pool.options.max_slot_bytes == 64 << 20 and pool.options.max_bytes == pool.slots * (64 << 20)
 
 
-def test_the_reading_services_own_forks_hold_no_slot(make_dl: Any) -> None:
-    """Workers forked by another loader (or restarted by self-healing) read none of the user's
-    tensors: the slots of the tensors the user held meanwhile return as usual."""
-    dl = make_dl(tensor_items(100), rs(1, multiprocessing_context="fork", tensor_pool=True))
-    it = iter(dl)
-    kept = next(it)
-    assert pooled(kept)
-    other = make_dl(tensor_items(8), rs(2, multiprocessing_context="fork", tensor_pool=True))
-    assert len(list(other)) == 8
-    (pool,) = worker_pools(dl)
-    free = pool.free_slots()
-    del kept
-    assert pool.slots_held_for_forks == 0 and pool.free_slots() == free + 1
+instantiate_parametrized_tests(TestTensorPoolLoader)
 
 
-def test_the_pool_is_on_by_default_where_the_platform_has_it(make_dl: Any) -> None:
-    from torchdata_snapshot import MultiProcessingReadingService
-
-    dl = make_dl(tensor_items(20), MultiProcessingReadingService(num_workers=1))
-    got = list(dl)
-    assert_equal(got, in_process(20, SIXTY_FOUR_KB))
-    assert all(pooled(t) for t in got)
-
-
-def test_off_the_platform_the_default_takes_the_usual_path_and_asking_raises(
-    make_dl: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from torchdata_snapshot import MultiProcessingReadingService
-
-    # As on Windows or macOS: the pool module sees another platform (the rest of the process does not).
-    monkeypatch.setattr(pool_module, "sys", SimpleNamespace(platform="win32", modules=sys.modules))
-    dl = make_dl(tensor_items(20), MultiProcessingReadingService(num_workers=1))
-    got = list(dl)
-    assert_equal(got, in_process(20, SIXTY_FOUR_KB))
-    assert not any(pooled(t) for t in got) and worker_pools(dl) == [None]
-    with pytest.raises(ValueError, match="tensor_pool=True: the tensor pool needs Linux .*platform is win32"):
-        MultiProcessingReadingService(num_workers=1, tensor_pool=True)
-    MultiProcessingReadingService(num_workers=1, tensor_pool=False)  # off: nothing to refuse
-
-
-def test_the_slots_grow_to_the_items_seen(make_dl: Any) -> None:
-    """Slots start at 1 MiB: 2 MB items take the usual path until one has grown them."""
-    numel = 2 * ONE_MB
-    dl = make_dl(tensor_items(12, numel), rs(1, tensor_pool=True))
-    got = list(dl)
-    assert_equal(got, in_process(12, numel))
-    assert not pooled(got[0]) and all(pooled(t) for t in got[-4:])
-    (pool,) = worker_pools(dl)
-    assert pool.options.max_slot_bytes == 64 << 20 and pool.options.max_bytes == pool.slots * (64 << 20)
+if __name__ == "__main__":
+    unittest.main()
