@@ -50,6 +50,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["TORCHDATA_SNAPSHOT_FUZZ_EXAMPLES"] = str(config.getoption("--fuzz-examples"))
     if config.getoption("--full-matrix"):
         os.environ["TORCHDATA_SNAPSHOT_PROPERTY_EXAMPLES"] = "150"
+        os.environ["TORCHDATA_SNAPSHOT_FULL_MATRIX"] = "1"  # read by helpers/contract.py
     if config.getoption("--tensor-pool") and config.getoption("--no-tensor-pool"):
         raise pytest.UsageError("--tensor-pool and --no-tensor-pool contradict each other")
     if config.getoption("--tensor-pool") or config.getoption("--no-tensor-pool"):

@@ -19,12 +19,15 @@ import copy
 import io
 import multiprocessing
 import os
+import unittest
 from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 import torch
 from draws import SeededDraw, examples
 from pipelines import pipeline, rs, take
+from suite_case import SuiteTestCase
+from torch.testing._internal.common_utils import instantiate_parametrized_tests
 from torchdata.dataloader2 import DataLoader2
 
 from torchdata_snapshot import (
@@ -48,8 +51,7 @@ SAVED = {
 Path = Tuple[Any, ...]
 
 
-@pytest.fixture(scope="module")
-def saved() -> Dict[str, Tuple[Dict[str, Any], List[Any]]]:
+def save_cases() -> Dict[str, Tuple[Dict[str, Any], List[Any]]]:
     """Per case: a checkpoint and what the undamaged restore yields (the rest of its epoch)."""
     out = {}
     for name, (shape, n, options, k) in SAVED.items():
@@ -152,43 +154,55 @@ def restore(state: Dict[str, Any], options: Dict[str, Any]) -> Tuple[str, Any]:
         assert set(multiprocessing.active_children()) <= children, "a process outlived the restore"
 
 
-@examples(EXAMPLES)
-def test_a_damaged_checkpoint_is_refused_or_restores_exactly(saved: Any, draw: SeededDraw) -> None:
-    case = draw.choice(sorted(SAVED))
-    state, rest = saved[case]
-    damaged, what = mutate(draw, state["reading_service_state"])
-    outcome, value = restore({**state, "reading_service_state": damaged}, SAVED[case][2])
-    if outcome == "data":
-        assert value == rest, f"{case}, {what}: a restore handed out other data"
+class TestCheckpointFuzz(SuiteTestCase):
+    saved: Dict[str, Tuple[Dict[str, Any], List[Any]]]  # per case: a checkpoint and its rest of epoch
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        cls.saved = save_cases()
+
+    @examples(EXAMPLES)
+    def test_a_damaged_checkpoint_is_refused_or_restores_exactly(self, draw: SeededDraw) -> None:
+        case = draw.choice(sorted(SAVED))
+        state, rest = self.saved[case]
+        damaged, what = mutate(draw, state["reading_service_state"])
+        outcome, value = restore({**state, "reading_service_state": damaged}, SAVED[case][2])
+        if outcome == "data":
+            assert value == rest, f"{case}, {what}: a restore handed out other data"
+
+    def test_a_garbage_or_cut_graph_state_is_a_state_restore_error_from_the_worker(self) -> None:
+        state, _ = self.saved["stateful"]
+        options = SAVED["stateful"][2]
+        for damage in (lambda blob: b"garbage" * 10, lambda blob: blob[: len(blob) // 2]):
+            damaged = copy.deepcopy(state["reading_service_state"])
+            for worker in damaged["workers"]:
+                if worker["state"] is not None:
+                    worker["state"]["blob"] = damage(worker["state"]["blob"])
+            damaged["checksum"] = _checksum(damaged)
+            outcome, error = restore({**state, "reading_service_state": damaged}, options)
+            assert outcome == "failed" and isinstance(error, StateRestoreError), (outcome, error)
+            assert "graph state cannot be loaded" in str(error)
+
+    def test_a_truncated_torch_save_file_is_not_loaded(self) -> None:
+        state, _ = self.saved["stateful"]
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        data = buffer.getvalue()
+        for keep in (0, 10, len(data) // 2, len(data) - 1):
+            with pytest.raises(Exception):  # noqa: B017 (torch.load's own error: nothing reaches DataLoader2)
+                torch.load(io.BytesIO(data[:keep]), weights_only=True)
+
+    def test_a_state_from_another_pipeline_is_incompatible(self) -> None:
+        state, _ = self.saved["replay"]
+        other, _ = self.saved["stateful"]
+        mixed = {**other, "reading_service_state": state["reading_service_state"]}
+        outcome, error = restore(mixed, SAVED["replay"][2])
+        assert outcome == "refused" and isinstance(error, IncompatibleCheckpointError)
 
 
-def test_a_garbage_or_cut_graph_state_is_a_state_restore_error_from_the_worker(saved: Any) -> None:
-    state, _ = saved["stateful"]
-    options = SAVED["stateful"][2]
-    for damage in (lambda blob: b"garbage" * 10, lambda blob: blob[: len(blob) // 2]):
-        damaged = copy.deepcopy(state["reading_service_state"])
-        for worker in damaged["workers"]:
-            if worker["state"] is not None:
-                worker["state"]["blob"] = damage(worker["state"]["blob"])
-        damaged["checksum"] = _checksum(damaged)
-        outcome, error = restore({**state, "reading_service_state": damaged}, options)
-        assert outcome == "failed" and isinstance(error, StateRestoreError), (outcome, error)
-        assert "graph state cannot be loaded" in str(error)
+instantiate_parametrized_tests(TestCheckpointFuzz)
 
 
-def test_a_truncated_torch_save_file_is_not_loaded(saved: Any) -> None:
-    state, _ = saved["stateful"]
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    data = buffer.getvalue()
-    for keep in (0, 10, len(data) // 2, len(data) - 1):
-        with pytest.raises(Exception):  # noqa: B017 (torch.load's own error: nothing reaches DataLoader2)
-            torch.load(io.BytesIO(data[:keep]), weights_only=True)
-
-
-def test_a_state_from_another_pipeline_is_incompatible(saved: Any) -> None:
-    state, _ = saved["replay"]
-    other, _ = saved["stateful"]
-    mixed = {**other, "reading_service_state": state["reading_service_state"]}
-    outcome, error = restore(mixed, SAVED["replay"][2])
-    assert outcome == "refused" and isinstance(error, IncompatibleCheckpointError)
+if __name__ == "__main__":
+    unittest.main()

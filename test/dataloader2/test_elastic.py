@@ -9,16 +9,19 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import re
+import unittest
 from collections import Counter
 from dataclasses import replace
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, List
 
 import pytest
 from contract import (
+    FULL_MATRIX,
     POSITIONS,
     Config,
     Resumer,
     ResumeTask,
+    case_name,
     check_contract,
     encode_state,
     matrix,
@@ -40,6 +43,8 @@ from pipelines import (
     take,
     tiny,
 )
+from suite_case import SuiteTestCase
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
 
@@ -62,27 +67,6 @@ ELASTIC_SHAPES = [
 ]
 
 ELASTIC = (("elastic", True),)
-
-
-@pytest.fixture(scope="module")
-def resumer() -> Iterator[Resumer]:
-    r = Resumer()
-    yield r
-    r.close()
-
-
-@pytest.fixture
-def restore() -> Iterator[Any]:
-    """``restore(state, reading_service)``: ``DataLoader2.from_state``, shut down after the test."""
-    created: List[DataLoader2] = []
-
-    def make(state: Dict[str, Any], reading_service: Any) -> DataLoader2:
-        created.append(DataLoader2.from_state(state, reading_service))
-        return created[-1]
-
-    yield make
-    for dl in created:
-        dl.shutdown()
 
 
 def elements(items: List[Any]) -> List[Any]:
@@ -123,66 +107,6 @@ def resume_elastically(
     return first
 
 
-@examples()
-def test_any_elastic_resume_delivers_each_remaining_element_exactly_once(
-    resumer: Resumer, draw: SeededDraw
-) -> None:
-    shape, old, new = draw.choice(ELASTIC_SHAPES), draw.integer(1, 4), draw.integer(1, 4)
-    prefetch, n, epoch = draw.choice([0, 1, 10]), draw.integer(0, 60), draw.integer(0, 1)
-    options = (("stateful", draw.boolean()), ("max_items_between_captures", 3))
-    config = Config(shape, old, prefetch, prefetch, n=n, epoch=epoch, rs_options=options)
-    length = len(reference(config, epoch + 3)[epoch])
-    resume_elastically(resumer, config, draw.integer(0, length), new)
-
-
-@pytest.mark.parametrize("via", ["from_state", "load_state_dict"])
-@pytest.mark.parametrize("old, new", [(1, 4), (4, 1), (2, 3), (3, 2)])
-def test_more_and_fewer_workers_at_the_middle_of_an_epoch(
-    resumer: Resumer, old: int, new: int, via: str
-) -> None:
-    config = Config("map_filter_batch", old, n=200, epoch=1)
-    length = len(reference(config, 4)[1])
-    resume_elastically(resumer, config, length // 2, new, via)
-
-
-def test_a_checkpoint_of_an_elastic_epoch_resumes_exactly_and_elastically_again(resumer: Resumer) -> None:
-    """Two elastic resumes in one epoch (2 -> 3 -> 1 workers), then an exact one (1 -> 1) from a
-    graph state captured in the elastic epoch: still every element exactly once."""
-    options = (("stateful", True), ("max_items_between_captures", 2))
-    config = Config("map_filter_batch", 2, n=300, epoch=0, rs_options=options)
-    run, [(_, first_state)] = take_states(config, [10])
-    got, state = list(run[0][:10]), encode_state(first_state, "pickle")
-    for num_workers, more in ((3, 12), (1, 7), (1, 5)):
-        task = ResumeTask(replace(config, num_workers=num_workers), state, options=ELASTIC, take=more)
-        result = resumer.run(task)
-        got += result["taken"]
-        state = result["state"]
-    rest = resumer.run(ResumeTask(replace(config, num_workers=1), state, options=ELASTIC))
-    got += rest["epochs"][0]
-    assert Counter(elements(got)) == Counter(elements(run[0]))
-
-
-@pytest.mark.parametrize(
-    "shape, culprit",
-    [
-        ("shuffle_after_sharding", "Shuffler"),
-        ("sharding_under_cycle", "Cycler"),
-        ("dispatch", "sharding_round_robin_dispatch"),
-        ("non_replicable_tail", r"not known to hand on one item per item: pipelines\.NonReplicable \("),
-    ],
-)
-def test_graphs_that_would_lose_or_repeat_elements_are_refused_naming_why(
-    make_dl: Any, restore: Any, shape: str, culprit: str
-) -> None:
-    dl = make_dl(pipeline(shape, 40), rs(2))
-    take(iter(dl), 5)
-    state = dl.state_dict()
-    children = set(multiprocessing.active_children())
-    with pytest.raises(IncompatibleCheckpointError, match=culprit):
-        iter(restore(state, rs(3, elastic=True)))
-    assert set(multiprocessing.active_children()) == children, "nothing starts for a refused resume"
-
-
 def _expanded_twice() -> Any:
     return IterableWrapper(range(40)).sharding_filter().flatmap(split).flatmap(split)
 
@@ -197,177 +121,226 @@ def _webdataset_without_expander() -> Any:
     )
 
 
-@pytest.mark.parametrize(
-    "make, culprit",
-    [
-        (
-            _expanded_twice,
-            r"FlatMapper.* yields several items per element after .*FlatMapper.*, which does too",
-        ),
-        (_batched_then_expanded, r"Batcher.* runs between sharding_filter and .*UnBatcher"),
-        (_webdataset_without_expander, r"WebDataset.* runs after sharding_filter"),
-    ],
-)
-def test_expanders_that_could_not_skip_what_the_user_had_are_refused_naming_why(
-    make: Any, culprit: str
-) -> None:
-    """One expander after the sharding filter, taking the elements it yields one at a time: a
-    second one, a batch before it, or a DataPipe that holds an item without one is refused."""
-    assert re.search(culprit, elastic_refusal(make()) or ""), elastic_refusal(make())
-
-
-@pytest.mark.parametrize("k", [1, 3])
-def test_a_subclass_of_map_that_holds_an_item_is_refused_naming_it(
-    make_dl: Any, restore: Any, k: int
-) -> None:
-    """A ``Mapper`` subclass handing on its items in swapped pairs holds one across its outputs:
-    resumed 2 -> 3 workers after an odd number of items, the element it held would be lost."""
-    dl = make_dl(pipeline("swapped_pairs_after_sharding", 40), rs(2))
-    take(iter(dl), k)
-    state = dl.state_dict()
-    children = set(multiprocessing.active_children())
-    culprit = r"pipelines\.SwappedPairs runs after sharding_filter"
-    with pytest.raises(IncompatibleCheckpointError, match=culprit):
-        iter(restore(state, rs(3, elastic=True)))
-    assert set(multiprocessing.active_children()) == children, "nothing starts for a refused resume"
-
-
-@pytest.mark.parametrize("k", [1, 3])
-def test_a_subclass_declared_with_register_elastic_resumes_elastically(resumer: Resumer, k: int) -> None:
-    resume_elastically(resumer, Config("declared_elastic_subclass", 2, n=40, epoch=0), k, 3)
-
-
 class ElasticDoublingSubclass(ElasticDoubling):
     """Not declared: it inherits its base's declaration, which covers the base only."""
 
 
-def test_a_declaration_covers_its_class_and_not_its_subclasses() -> None:
-    def graph(kind: type) -> Any:
-        return kind(IterableWrapper(range(8)).sharding_filter())
+class TestElastic(SuiteTestCase):
+    resumer: Resumer  # the fresh processes the resumes run in, for the whole class
 
-    assert register_elastic(ElasticDoubling) is ElasticDoubling, "returns the class: a class decorator"
-    assert elastic_refusal(graph(ElasticDoubling)) is None
-    refusal = elastic_refusal(graph(ElasticDoublingSubclass))
-    assert refusal is not None and "ElasticDoublingSubclass runs after sharding_filter" in refusal
-    with pytest.raises(TypeError, match="IterDataPipe class"):
-        register_elastic(double)  # type: ignore[type-var]
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        cls.resumer = Resumer()
+        cls.addClassCleanup(cls.resumer.close)
 
+    def restore(self, state: Dict[str, Any], reading_service: Any) -> DataLoader2:
+        """``DataLoader2.from_state``, shut down after the test."""
+        dl = DataLoader2.from_state(state, reading_service)
+        self.addCleanup(dl.shutdown)
+        return dl
 
-def test_without_the_opt_in_another_num_workers_is_refused_naming_it(make_dl: Any, restore: Any) -> None:
-    dl = make_dl(tiny(20), rs(2))
-    take(iter(dl), 3)
-    with pytest.raises(IncompatibleCheckpointError, match=r"elastic=True\) resumes the epoch"):
-        iter(restore(dl.state_dict(), rs(3)))
+    @examples()
+    def test_any_elastic_resume_delivers_each_remaining_element_exactly_once(self, draw: SeededDraw) -> None:
+        shape, old, new = draw.choice(ELASTIC_SHAPES), draw.integer(1, 4), draw.integer(1, 4)
+        prefetch, n, epoch = draw.choice([0, 1, 10]), draw.integer(0, 60), draw.integer(0, 1)
+        options = (("stateful", draw.boolean()), ("max_items_between_captures", 3))
+        config = Config(shape, old, prefetch, prefetch, n=n, epoch=epoch, rs_options=options)
+        length = len(reference(config, epoch + 3)[epoch])
+        resume_elastically(self.resumer, config, draw.integer(0, length), new)
 
+    @parametrize("via", ["from_state", "load_state_dict"])
+    @parametrize("old, new", [(1, 4), (4, 1), (2, 3), (3, 2)])
+    def test_more_and_fewer_workers_at_the_middle_of_an_epoch(self, old: int, new: int, via: str) -> None:
+        config = Config("map_filter_batch", old, n=200, epoch=1)
+        length = len(reference(config, 4)[1])
+        resume_elastically(self.resumer, config, length // 2, new, via)
 
-def test_an_elastic_resume_on_other_arguments_is_refused_naming_them(make_dl: Any, restore: Any) -> None:
-    dl = make_dl(pipeline("batch", 40), rs(2))  # batch(3)
-    take(iter(dl), 5)
-    state = moved_onto(dl.state_dict(), IterableWrapper(range(40)).shuffle().sharding_filter().batch(4))
-    with pytest.raises(
-        IncompatibleCheckpointError, match="BatcherIterDataPipe: batch_size was 3 in the checkpoint, is 4"
-    ):
-        iter(restore(state, rs(3, elastic=True)))
+    def test_a_checkpoint_of_an_elastic_epoch_resumes_exactly_and_elastically_again(self) -> None:
+        """Two elastic resumes in one epoch (2 -> 3 -> 1 workers), then an exact one (1 -> 1) from a
+        graph state captured in the elastic epoch: still every element exactly once."""
+        options = (("stateful", True), ("max_items_between_captures", 2))
+        config = Config("map_filter_batch", 2, n=300, epoch=0, rs_options=options)
+        run, [(_, first_state)] = take_states(config, [10])
+        got, state = list(run[0][:10]), encode_state(first_state, "pickle")
+        for num_workers, more in ((3, 12), (1, 7), (1, 5)):
+            task = ResumeTask(replace(config, num_workers=num_workers), state, options=ELASTIC, take=more)
+            result = self.resumer.run(task)
+            got += result["taken"]
+            state = result["state"]
+        rest = self.resumer.run(ResumeTask(replace(config, num_workers=1), state, options=ELASTIC))
+        got += rest["epochs"][0]
+        assert Counter(elements(got)) == Counter(elements(run[0]))
 
-
-@pytest.mark.parametrize(
-    "old, new, why",
-    [(0, 2, "taken with num_workers=0"), (2, 0, r"needs worker processes \(num_workers >= 1\)")],
-)
-def test_num_workers_0_does_not_resume_elastically(
-    make_dl: Any, restore: Any, old: int, new: int, why: str
-) -> None:
-    dl = make_dl(tiny(20), rs(old))
-    take(iter(dl), 3)
-    with pytest.raises(IncompatibleCheckpointError, match=why):
-        iter(restore(dl.state_dict(), rs(new, elastic=True)))
-
-
-def test_a_finished_epoch_goes_on_with_the_next_one_of_the_new_configuration(
-    make_dl: Any, restore: Any
-) -> None:
-    dl = make_dl(tiny(20), rs(2))
-    list(dl)
-    resumed = restore(dl.state_dict(), rs(3, elastic=True))
-    fresh = make_dl(tiny(20), rs(3))
-    list(fresh)
-    assert list(resumed) == list(fresh)
-
-
-def test_a_worker_replaced_in_an_elastic_epoch_keeps_its_elements(
-    make_dl: Any, restore: Any, tmp_path: Any
-) -> None:
-    """A worker killed while resetting to the elastic epoch is replaced (``restart_dead_workers``)
-    and reset to the elastic epoch too: the epoch's elements are still each delivered once."""
-    epoch = list(make_dl(pipeline("map_filter_batch", 300), rs(2)))
-    dl = make_dl(pipeline("map_filter_batch", 300), rs(2))
-    before = take(iter(dl), 20)
-    state = dl.state_dict()
-    marker = tmp_path / "kill"
-    marker.touch()
-    reset_fn = functools.partial(kill_once_at_reset, str(marker))
-    with restarts_logged("died .*restarting it"):
-        after = list(restore(state, rs(3, elastic=True, restart_dead_workers=1, worker_reset_fn=reset_fn)))
-    assert not marker.exists(), "no worker was killed"
-    assert Counter(elements(before + after)) == Counter(elements(epoch))
-
-
-def test_gather_elastic_state_refuses_what_is_not_a_state_dict_of_ours() -> None:
-    from torchdata_snapshot import InvalidCheckpointError, gather_elastic_state
-
-    for not_ours in ({}, {"reading_service_state": b"another reading service's bytes"}):
-        with pytest.raises(InvalidCheckpointError, match="not a DataLoader2.state_dict"):
-            gather_elastic_state(not_ours)
-    with pytest.raises(InvalidCheckpointError, match="not a checkpoint of this reading service"):
-        gather_elastic_state({"reading_service_state": {"a": 1}})
-
-
-def test_new_workers_start_the_pre_sharding_part_from_an_old_workers_captured_state(
-    make_dl: Any, restore: Any
-) -> None:
-    """An elastic resume does not run the epoch's pre-sharding part from its start in every new
-    worker when the old workers captured graph states: they load the latest one that lies
-    before the first remaining element."""
-    n, k = 20_000, 5_000
-    epoch = list(make_dl(pipeline("shuffle_before_sharding", n), rs(2)))
-    dl = make_dl(pipeline("shuffle_before_sharding", n), rs(2, max_items_between_captures=8))
-    before = take(iter(dl), k)
-    resumed = restore(dl.state_dict(), rs(3, elastic=True, max_items_between_captures=8))
-    it = iter(resumed)
-    after = [next(it)]
-    source_yields = [
-        count
-        for snapshot in resumed.reading_service.snapshot()
-        for key, count in snapshot.datapipe_yields.items()
-        if key.endswith("IterableWrapper")
-    ]
-    # From the epoch's start, a worker reads every element before the first remaining one (k of
-    # them at least, 15,000 here with the shuffle's buffer); from a head start, what it produced
-    # ahead under credit (up to 512 tiny items, about 3 source elements each with 3 workers).
-    assert len(source_yields) == 3 and max(source_yields) < k, (
-        f"the new workers read {source_yields} source elements: they started near the position "
-        f"({k} elements delivered), not at the epoch's start"
+    @parametrize(
+        "shape, culprit",
+        [
+            ("shuffle_after_sharding", "Shuffler"),
+            ("sharding_under_cycle", "Cycler"),
+            ("dispatch", "sharding_round_robin_dispatch"),
+            ("non_replicable_tail", r"not known to hand on one item per item: pipelines\.NonReplicable \("),
+        ],
     )
-    after += list(it)
-    assert Counter(before + after) == Counter(epoch)
+    def test_graphs_that_would_lose_or_repeat_elements_are_refused_naming_why(
+        self, shape: str, culprit: str
+    ) -> None:
+        dl = self.make_dl(pipeline(shape, 40), rs(2))
+        take(iter(dl), 5)
+        state = dl.state_dict()
+        children = set(multiprocessing.active_children())
+        with pytest.raises(IncompatibleCheckpointError, match=culprit):
+            iter(self.restore(state, rs(3, elastic=True)))
+        assert set(multiprocessing.active_children()) == children, "nothing starts for a refused resume"
+
+    @parametrize(
+        "make, culprit",
+        [
+            (
+                _expanded_twice,
+                r"FlatMapper.* yields several items per element after .*FlatMapper.*, which does too",
+            ),
+            (_batched_then_expanded, r"Batcher.* runs between sharding_filter and .*UnBatcher"),
+            (_webdataset_without_expander, r"WebDataset.* runs after sharding_filter"),
+        ],
+    )
+    def test_expanders_that_could_not_skip_what_the_user_had_are_refused_naming_why(
+        self, make: Any, culprit: str
+    ) -> None:
+        """One expander after the sharding filter, taking the elements it yields one at a time: a
+        second one, a batch before it, or a DataPipe that holds an item without one is refused."""
+        assert re.search(culprit, elastic_refusal(make()) or ""), elastic_refusal(make())
+
+    @parametrize("k", [1, 3])
+    def test_a_subclass_of_map_that_holds_an_item_is_refused_naming_it(self, k: int) -> None:
+        """A ``Mapper`` subclass handing on its items in swapped pairs holds one across its outputs:
+        resumed 2 -> 3 workers after an odd number of items, the element it held would be lost."""
+        dl = self.make_dl(pipeline("swapped_pairs_after_sharding", 40), rs(2))
+        take(iter(dl), k)
+        state = dl.state_dict()
+        children = set(multiprocessing.active_children())
+        culprit = r"pipelines\.SwappedPairs runs after sharding_filter"
+        with pytest.raises(IncompatibleCheckpointError, match=culprit):
+            iter(self.restore(state, rs(3, elastic=True)))
+        assert set(multiprocessing.active_children()) == children, "nothing starts for a refused resume"
+
+    @parametrize("k", [1, 3])
+    def test_a_subclass_declared_with_register_elastic_resumes_elastically(self, k: int) -> None:
+        resume_elastically(self.resumer, Config("declared_elastic_subclass", 2, n=40, epoch=0), k, 3)
+
+    def test_a_declaration_covers_its_class_and_not_its_subclasses(self) -> None:
+        def graph(kind: type) -> Any:
+            return kind(IterableWrapper(range(8)).sharding_filter())
+
+        assert register_elastic(ElasticDoubling) is ElasticDoubling, "returns the class: a class decorator"
+        assert elastic_refusal(graph(ElasticDoubling)) is None
+        refusal = elastic_refusal(graph(ElasticDoublingSubclass))
+        assert refusal is not None and "ElasticDoublingSubclass runs after sharding_filter" in refusal
+        with pytest.raises(TypeError, match="IterDataPipe class"):
+            register_elastic(double)  # type: ignore[type-var]
+
+    def test_without_the_opt_in_another_num_workers_is_refused_naming_it(self) -> None:
+        dl = self.make_dl(tiny(20), rs(2))
+        take(iter(dl), 3)
+        with pytest.raises(IncompatibleCheckpointError, match=r"elastic=True\) resumes the epoch"):
+            iter(self.restore(dl.state_dict(), rs(3)))
+
+    def test_an_elastic_resume_on_other_arguments_is_refused_naming_them(self) -> None:
+        dl = self.make_dl(pipeline("batch", 40), rs(2))  # batch(3)
+        take(iter(dl), 5)
+        state = moved_onto(dl.state_dict(), IterableWrapper(range(40)).shuffle().sharding_filter().batch(4))
+        with pytest.raises(
+            IncompatibleCheckpointError, match="BatcherIterDataPipe: batch_size was 3 in the checkpoint, is 4"
+        ):
+            iter(self.restore(state, rs(3, elastic=True)))
+
+    @parametrize(
+        "old, new, why",
+        [(0, 2, "taken with num_workers=0"), (2, 0, r"needs worker processes \(num_workers >= 1\)")],
+    )
+    def test_num_workers_0_does_not_resume_elastically(self, old: int, new: int, why: str) -> None:
+        dl = self.make_dl(tiny(20), rs(old))
+        take(iter(dl), 3)
+        with pytest.raises(IncompatibleCheckpointError, match=why):
+            iter(self.restore(dl.state_dict(), rs(new, elastic=True)))
+
+    def test_a_finished_epoch_goes_on_with_the_next_one_of_the_new_configuration(self) -> None:
+        dl = self.make_dl(tiny(20), rs(2))
+        list(dl)
+        resumed = self.restore(dl.state_dict(), rs(3, elastic=True))
+        fresh = self.make_dl(tiny(20), rs(3))
+        list(fresh)
+        assert list(resumed) == list(fresh)
+
+    def test_a_worker_replaced_in_an_elastic_epoch_keeps_its_elements(self) -> None:
+        """A worker killed while resetting to the elastic epoch is replaced (``restart_dead_workers``)
+        and reset to the elastic epoch too: the epoch's elements are still each delivered once."""
+        epoch = list(self.make_dl(pipeline("map_filter_batch", 300), rs(2)))
+        dl = self.make_dl(pipeline("map_filter_batch", 300), rs(2))
+        before = take(iter(dl), 20)
+        state = dl.state_dict()
+        marker = self.tmp_path / "kill"
+        marker.touch()
+        reset_fn = functools.partial(kill_once_at_reset, str(marker))
+        with restarts_logged("died .*restarting it"):
+            after = list(
+                self.restore(state, rs(3, elastic=True, restart_dead_workers=1, worker_reset_fn=reset_fn))
+            )
+        assert not marker.exists(), "no worker was killed"
+        assert Counter(elements(before + after)) == Counter(elements(epoch))
+
+    def test_gather_elastic_state_refuses_what_is_not_a_state_dict_of_ours(self) -> None:
+        from torchdata_snapshot import InvalidCheckpointError, gather_elastic_state
+
+        for not_ours in ({}, {"reading_service_state": b"another reading service's bytes"}):
+            with pytest.raises(InvalidCheckpointError, match="not a DataLoader2.state_dict"):
+                gather_elastic_state(not_ours)
+        with pytest.raises(InvalidCheckpointError, match="not a checkpoint of this reading service"):
+            gather_elastic_state({"reading_service_state": {"a": 1}})
+
+    def test_new_workers_start_the_pre_sharding_part_from_an_old_workers_captured_state(self) -> None:
+        """An elastic resume does not run the epoch's pre-sharding part from its start in every new
+        worker when the old workers captured graph states: they load the latest one that lies
+        before the first remaining element."""
+        n, k = 20_000, 5_000
+        epoch = list(self.make_dl(pipeline("shuffle_before_sharding", n), rs(2)))
+        dl = self.make_dl(pipeline("shuffle_before_sharding", n), rs(2, max_items_between_captures=8))
+        before = take(iter(dl), k)
+        resumed = self.restore(dl.state_dict(), rs(3, elastic=True, max_items_between_captures=8))
+        it = iter(resumed)
+        after = [next(it)]
+        source_yields = [
+            count
+            for snapshot in resumed.reading_service.snapshot()
+            for key, count in snapshot.datapipe_yields.items()
+            if key.endswith("IterableWrapper")
+        ]
+        # From the epoch's start, a worker reads every element before the first remaining one (k of
+        # them at least, 15,000 here with the shuffle's buffer); from a head start, what it produced
+        # ahead under credit (up to 512 tiny items, about 3 source elements each with 3 workers).
+        assert len(source_yields) == 3 and max(source_yields) < k, (
+            f"the new workers read {source_yields} source elements: they started near the position "
+            f"({k} elements delivered), not at the epoch's start"
+        )
+        after += list(it)
+        assert Counter(before + after) == Counter(epoch)
+
+    @parametrize("declared_config", matrix(sorted(ELASTIC_DECLARED), FULL_MATRIX), name_fn=case_name)
+    def test_a_subclass_declared_elastic_resumes_exactly_over_the_contracts_matrix(
+        self, declared_config: Config
+    ) -> None:
+        """The exact-resume contract (test_contract.py) for the shapes only elastic resume can build:
+        with the same layout, a declared subclass restores as any other DataPipe does."""
+        check_contract(self.resumer, declared_config, resolve_positions(declared_config, POSITIONS))
+
+    @parametrize("name", ["gather_elastic_state", "register_elastic"])
+    def test_the_elastic_names_are_exported_and_documented(self, name: str) -> None:
+        assert name in torchdata_snapshot.__all__
+        doc = getattr(torchdata_snapshot, name).__doc__
+        assert doc and doc.strip(), f"{name} has no docstring"
 
 
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "declared_config" in metafunc.fixturenames:
-        full = metafunc.config.getoption("--full-matrix")
-        metafunc.parametrize("declared_config", matrix(sorted(ELASTIC_DECLARED), full), ids=str)
+instantiate_parametrized_tests(TestElastic)
 
 
-def test_a_subclass_declared_elastic_resumes_exactly_over_the_contracts_matrix(
-    resumer: Resumer, declared_config: Config
-) -> None:
-    """The exact-resume contract (test_contract.py) for the shapes only elastic resume can build:
-    with the same layout, a declared subclass restores as any other DataPipe does."""
-    check_contract(resumer, declared_config, resolve_positions(declared_config, POSITIONS))
-
-
-@pytest.mark.parametrize("name", ["gather_elastic_state", "register_elastic"])
-def test_the_elastic_names_are_exported_and_documented(name: str) -> None:
-    assert name in torchdata_snapshot.__all__
-    doc = getattr(torchdata_snapshot, name).__doc__
-    assert doc and doc.strip(), f"{name} has no docstring"
+if __name__ == "__main__":
+    unittest.main()

@@ -15,16 +15,17 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import unittest
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
 from conftest import requires_fork
+from suite_case import SuiteTestCase
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 
 from torchdata_snapshot import ReadingServiceError, load_state_dict
-
-#: The training script runs without a main guard, as many do: its workers are forked.
-pytestmark = requires_fork
 
 #: The pipeline of the scripts: CSV shards of ``(shard, row)`` records, listed, shuffled and
 #: sharded, parsed and batched; ``ROOT`` and ``BATCH`` come from the command line.
@@ -142,14 +143,6 @@ def run(cwd: Path, script: str, *args: Any) -> Dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
-    """The training job's directory (its ``data/`` and its states, by workers) and its report."""
-    where = tmp_path_factory.mktemp("train")
-    report = run(where, TRAIN, TAKEN)
-    return {"dir": where, "report": {int(workers): runs for workers, runs in report.items()}}
-
-
 def job(trained: Dict[str, Any], tmp_path: Path, data: str = "data") -> Path:
     """A resumed job's directory: the training job's data at ``data`` (copied with the files'
     modification times, as a move keeps them) and its states."""
@@ -172,45 +165,6 @@ def expected(trained: Dict[str, Any], workers: int) -> List[Any]:
 LAYOUTS = [(0, "fork"), (1, "fork"), (1, "spawn"), (2, "fork"), (2, "spawn")]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("workers, context", LAYOUTS)
-def test_the_pipeline_built_again_resumes_the_uninterrupted_run(
-    trained: Dict[str, Any], tmp_path: Path, workers: int, context: str
-) -> None:
-    report = trained["report"][workers]
-    assert report["head"] == report["epochs"][0][:TAKEN], "taking the state changed nothing"
-    resumed = resume(job(trained, tmp_path), "data", workers, context)
-    assert resumed == {"epochs": expected(trained, workers)}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("workers, context", [(0, "fork"), (1, "fork"), (2, "fork"), (2, "spawn")])
-def test_a_data_directory_that_moved_resumes_there(
-    trained: Dict[str, Any], tmp_path: Path, workers: int, context: str
-) -> None:
-    where = job(trained, tmp_path, data="elsewhere/data")  # the old data/ is not there
-    assert not (where / "data").exists()
-    resumed = resume(where, "elsewhere/data", workers, context)
-    assert resumed == {"epochs": expected(trained, workers)}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("workers", [0, 2])
-def test_another_batch_size_is_refused_naming_it_before_any_worker_starts(
-    trained: Dict[str, Any], tmp_path: Path, workers: int
-) -> None:
-    refused = resume(job(trained, tmp_path), "data", workers, batch=8)
-    assert refused == {
-        "error": "IncompatibleCheckpointError",
-        "message": "the checkpoint was taken with other arguments of its DataPipes (DataPipe "
-        "0:BatcherIterDataPipe: batch_size was 4 in the checkpoint, is 8 now): restore it with the "
-        "arguments it was taken with (troubleshooting: docs/troubleshooting.rst#incompatiblecheckpointerror)",
-        "cause": None,
-        "where": "load_state_dict",
-        "children": 0,
-    }
-
-
 #: Which file is missing: one the user had records of (the restore reads it again: the main
 #: process names it before any worker starts), or one the listers had listed before their
 #: position but nobody read yet (a worker's lister finds its listing changed).
@@ -220,35 +174,88 @@ MISSING = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("missing", sorted(MISSING))
-@pytest.mark.parametrize("workers", [0, 1, 2])
-def test_files_missing_where_the_data_moved_are_refused_with_a_typed_error(
-    trained: Dict[str, Any], tmp_path: Path, workers: int, missing: str
-) -> None:
-    """Every shard was listed before the position (the shuffle holds the whole listing): one
-    missing changes what the restore relies on. With workers, the files and listings are checked
-    and the refusal is one short message naming the file or the directory, raised in the main
-    process (a worker's with its traceback as the cause); ``num_workers=0`` replays in the main
-    process, whose check of the data refuses it."""
-    where = job(trained, tmp_path, data="elsewhere/data")
-    received = {record[0] for batch in trained["report"][workers]["head"] for record in batch}
-    shard = MISSING[missing](received, range(8))
-    os.remove(where / "elsewhere" / "data" / f"shard_{shard:02d}.csv")
-    refused = resume(where, "elsewhere/data", workers)
-    assert "\n" not in refused["message"], "one short message"
-    if workers == 0:
-        assert (refused["error"], refused["cause"]) == ("ReplayDivergenceError", None), refused
-    elif missing == "read":
-        assert (refused["error"], refused["where"], refused["cause"], refused["children"]) == (
-            "ChangedFileError",
-            "load_state_dict",
-            None,
-            0,  # no worker started
-        ), refused
-        assert f"elsewhere/data/shard_{shard:02d}.csv is missing" in refused["message"]
-    else:
-        assert (refused["error"], refused["where"]) == ("ChangedFileError", "iter"), refused
-        assert refused["message"].startswith("elsewhere/data lists other files than when the state was taken")
-        kind, traceback = refused["cause"]
-        assert kind == "RemoteTraceback" and "Traceback (most recent call last)" in traceback
+@requires_fork  # the training script runs without a main guard, as many do: its workers are forked
+class TestLoadStateDict(SuiteTestCase):
+    #: The training job's directory (its data/ and its states, by workers) and its report.
+    trained: Dict[str, Any]
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        where = Path(tempfile.mkdtemp(prefix="train"))
+        cls.addClassCleanup(shutil.rmtree, where, ignore_errors=True)
+        report = run(where, TRAIN, TAKEN)
+        cls.trained = {"dir": where, "report": {int(workers): runs for workers, runs in report.items()}}
+
+    @pytest.mark.slow
+    @parametrize("workers, context", LAYOUTS)
+    def test_the_pipeline_built_again_resumes_the_uninterrupted_run(self, workers: int, context: str) -> None:
+        report = self.trained["report"][workers]
+        assert report["head"] == report["epochs"][0][:TAKEN], "taking the state changed nothing"
+        resumed = resume(job(self.trained, self.tmp_path), "data", workers, context)
+        assert resumed == {"epochs": expected(self.trained, workers)}
+
+    @pytest.mark.slow
+    @parametrize("workers, context", [(0, "fork"), (1, "fork"), (2, "fork"), (2, "spawn")])
+    def test_a_data_directory_that_moved_resumes_there(self, workers: int, context: str) -> None:
+        where = job(self.trained, self.tmp_path, data="elsewhere/data")  # the old data/ is not there
+        assert not (where / "data").exists()
+        resumed = resume(where, "elsewhere/data", workers, context)
+        assert resumed == {"epochs": expected(self.trained, workers)}
+
+    @pytest.mark.slow
+    @parametrize("workers", [0, 2])
+    def test_another_batch_size_is_refused_naming_it_before_any_worker_starts(self, workers: int) -> None:
+        refused = resume(job(self.trained, self.tmp_path), "data", workers, batch=8)
+        assert refused == {
+            "error": "IncompatibleCheckpointError",
+            "message": "the checkpoint was taken with other arguments of its DataPipes (DataPipe "
+            "0:BatcherIterDataPipe: batch_size was 4 in the checkpoint, is 8 now): restore it with the "
+            "arguments it was taken with "
+            "(troubleshooting: docs/troubleshooting.rst#incompatiblecheckpointerror)",
+            "cause": None,
+            "where": "load_state_dict",
+            "children": 0,
+        }
+
+    @pytest.mark.slow
+    @parametrize("missing", sorted(MISSING))
+    @parametrize("workers", [0, 1, 2])
+    def test_files_missing_where_the_data_moved_are_refused_with_a_typed_error(
+        self, workers: int, missing: str
+    ) -> None:
+        """Every shard was listed before the position (the shuffle holds the whole listing): one
+        missing changes what the restore relies on. With workers, the files and listings are checked
+        and the refusal is one short message naming the file or the directory, raised in the main
+        process (a worker's with its traceback as the cause); ``num_workers=0`` replays in the main
+        process, whose check of the data refuses it."""
+        where = job(self.trained, self.tmp_path, data="elsewhere/data")
+        received = {record[0] for batch in self.trained["report"][workers]["head"] for record in batch}
+        shard = MISSING[missing](received, range(8))
+        os.remove(where / "elsewhere" / "data" / f"shard_{shard:02d}.csv")
+        refused = resume(where, "elsewhere/data", workers)
+        assert "\n" not in refused["message"], "one short message"
+        if workers == 0:
+            assert (refused["error"], refused["cause"]) == ("ReplayDivergenceError", None), refused
+        elif missing == "read":
+            assert (refused["error"], refused["where"], refused["cause"], refused["children"]) == (
+                "ChangedFileError",
+                "load_state_dict",
+                None,
+                0,  # no worker started
+            ), refused
+            assert f"elsewhere/data/shard_{shard:02d}.csv is missing" in refused["message"]
+        else:
+            assert (refused["error"], refused["where"]) == ("ChangedFileError", "iter"), refused
+            assert refused["message"].startswith(
+                "elsewhere/data lists other files than when the state was taken"
+            )
+            kind, traceback = refused["cause"]
+            assert kind == "RemoteTraceback" and "Traceback (most recent call last)" in traceback
+
+
+instantiate_parametrized_tests(TestLoadStateDict)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -18,16 +18,20 @@ import io
 import json
 import lzma
 import random
+import shutil
 import tarfile
+import tempfile
+import unittest
 import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Tuple
 
-import pytest
 import torch
 from draws import SeededDraw, examples
 from pipelines import CountingStateful, double, not_multiple_of_3, split
+from suite_case import SuiteTestCase
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
 from torchdata.dataloader2.graph import set_graph_random_seed
 from torchdata.dataloader2.random import SeedGenerator
@@ -206,11 +210,6 @@ def _compositions(files: Files) -> Dict[str, Build]:
     }
 
 
-@pytest.fixture(scope="module")
-def compositions(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Build]:
-    return _compositions(_files(tmp_path_factory.mktemp("files")))
-
-
 NAMES = sorted(_compositions({}))
 
 
@@ -306,71 +305,84 @@ def check_chained_restore(build: Build, sharding: Tuple[int, int], epoch: int, k
     assert head + list(rest) == reference, f"restored after {k}, then after {more} more"
 
 
-def test_every_registered_datapipe_is_covered(compositions: Dict[str, Build]) -> None:
-    covered = {type(dp) for build in compositions.values() for _, dp in graph_datapipes(build())}
-    registered = set(RESUMABLE_ADAPTERS) | set(RESUMABLE_STATELESS) | {ShardingFilterIterDataPipe}
-    missing = sorted(kind.__name__ for kind in registered - covered)
-    assert not missing, f"resumable DataPipes without an equivalence test: {missing}"
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_each_composition_is_resumable_and_yields_what_the_original_yields(
-    compositions: Dict[str, Build], name: str
-) -> None:
-    build = compositions[name]
-    for sharding in [(1, 0), (3, 1)]:
-        assert GraphState().unresumable(sharded(build, *sharding)) is None
-        adapted = run_epochs(worker_graph(build, *sharding), 3)
-        assert adapted == run_epochs(worker_graph(build, *sharding, adapt=False), 3), sharding
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_each_composition_restores_exactly_at_its_start_middle_and_end(
-    compositions: Dict[str, Build], name: str
-) -> None:
-    build = compositions[name]
-    for sharding in [(1, 0), (2, 0), (3, 2)]:
-        length = len(run_epochs(worker_graph(build, *sharding), 2)[1])
-        check_restore_at(build, sharding, 1, [0, 1, length // 2, max(0, length - 1), length])
-
-
 def draw_sharding(draw: SeededDraw) -> Tuple[int, int]:
     """``(num_instances, instance_id)``: 1 to 3 instances, and one of them."""
     num_instances = draw.integer(1, 3)
     return num_instances, draw.integer(0, num_instances - 1)
 
 
-@examples(200)
-def test_any_composition_restores_exactly_at_random_positions(
-    compositions: Dict[str, Build], draw: SeededDraw
-) -> None:
-    build, sharding, epoch = compositions[draw.choice(NAMES)], draw_sharding(draw), draw.integer(0, 1)
-    length = len(run_epochs(worker_graph(build, *sharding), epoch + 1)[epoch])
-    check_restore_at(build, sharding, epoch, draw.distinct_integers(0, length, min_size=1, max_size=3))
+class TestStatefulEquivalence(SuiteTestCase):
+    compositions: Dict[str, Build]  # over files of a directory of the class's own
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        files = Path(tempfile.mkdtemp(prefix="files"))
+        cls.addClassCleanup(shutil.rmtree, files, ignore_errors=True)
+        cls.compositions = _compositions(_files(files))
+
+    def test_every_registered_datapipe_is_covered(self) -> None:
+        covered = {type(dp) for build in self.compositions.values() for _, dp in graph_datapipes(build())}
+        registered = set(RESUMABLE_ADAPTERS) | set(RESUMABLE_STATELESS) | {ShardingFilterIterDataPipe}
+        missing = sorted(kind.__name__ for kind in registered - covered)
+        assert not missing, f"resumable DataPipes without an equivalence test: {missing}"
+
+    @parametrize("name", NAMES)
+    def test_each_composition_is_resumable_and_yields_what_the_original_yields(self, name: str) -> None:
+        build = self.compositions[name]
+        for sharding in [(1, 0), (3, 1)]:
+            assert GraphState().unresumable(sharded(build, *sharding)) is None
+            adapted = run_epochs(worker_graph(build, *sharding), 3)
+            assert adapted == run_epochs(worker_graph(build, *sharding, adapt=False), 3), sharding
+
+    @parametrize("name", NAMES)
+    def test_each_composition_restores_exactly_at_its_start_middle_and_end(self, name: str) -> None:
+        build = self.compositions[name]
+        for sharding in [(1, 0), (2, 0), (3, 2)]:
+            length = len(run_epochs(worker_graph(build, *sharding), 2)[1])
+            check_restore_at(build, sharding, 1, [0, 1, length // 2, max(0, length - 1), length])
+
+    @examples(200)
+    def test_any_composition_restores_exactly_at_random_positions(self, draw: SeededDraw) -> None:
+        build, sharding, epoch = (
+            self.compositions[draw.choice(NAMES)],
+            draw_sharding(draw),
+            draw.integer(0, 1),
+        )
+        length = len(run_epochs(worker_graph(build, *sharding), epoch + 1)[epoch])
+        check_restore_at(build, sharding, epoch, draw.distinct_integers(0, length, min_size=1, max_size=3))
+
+    @parametrize("name", NAMES)
+    def test_each_composition_restores_exactly_from_a_state_captured_after_a_restore(self, name: str) -> None:
+        build = self.compositions[name]
+        for sharding in [(1, 0), (3, 2)]:
+            length = len(run_epochs(worker_graph(build, *sharding), 2)[1])
+            for k, more in [
+                (1, 1),
+                (length // 2, 1),
+                (length // 3, length // 3),
+                (length - 1, 1),
+                (length, 0),
+            ]:
+                k = max(0, min(k, length))
+                check_chained_restore(build, sharding, 1, k, min(more, length - k))
+
+    @examples(150)
+    def test_any_composition_restores_exactly_from_states_captured_after_restores(
+        self, draw: SeededDraw
+    ) -> None:
+        build, sharding = self.compositions[draw.choice(NAMES)], draw_sharding(draw)
+        length = len(run_epochs(worker_graph(build, *sharding), 1)[0])
+        k = draw.integer(0, length)
+        check_chained_restore(build, sharding, 0, k, draw.integer(0, length - k))
+
+    def test_the_types_stateful_restore_replaces_are_the_catalogues_adapted_ones(self) -> None:
+        assert set(RESUMABLE_ADAPTERS) == set(types_where(adapted=True))
+        assert set(RESUMABLE_STATELESS) == set(types_where(stateless=True))
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_each_composition_restores_exactly_from_a_state_captured_after_a_restore(
-    compositions: Dict[str, Build], name: str
-) -> None:
-    build = compositions[name]
-    for sharding in [(1, 0), (3, 2)]:
-        length = len(run_epochs(worker_graph(build, *sharding), 2)[1])
-        for k, more in [(1, 1), (length // 2, 1), (length // 3, length // 3), (length - 1, 1), (length, 0)]:
-            k = max(0, min(k, length))
-            check_chained_restore(build, sharding, 1, k, min(more, length - k))
+instantiate_parametrized_tests(TestStatefulEquivalence)
 
 
-@examples(150)
-def test_any_composition_restores_exactly_from_states_captured_after_restores(
-    compositions: Dict[str, Build], draw: SeededDraw
-) -> None:
-    build, sharding = compositions[draw.choice(NAMES)], draw_sharding(draw)
-    length = len(run_epochs(worker_graph(build, *sharding), 1)[0])
-    k = draw.integer(0, length)
-    check_chained_restore(build, sharding, 0, k, draw.integer(0, length - k))
-
-
-def test_the_types_stateful_restore_replaces_are_the_catalogues_adapted_ones() -> None:
-    assert set(RESUMABLE_ADAPTERS) == set(types_where(adapted=True))
-    assert set(RESUMABLE_STATELESS) == set(types_where(stateless=True))
+if __name__ == "__main__":
+    unittest.main()

@@ -19,7 +19,9 @@ import functools
 import io
 import itertools
 import multiprocessing
+import os
 import pickle
+import re
 import traceback
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -53,6 +55,15 @@ DATALOADER2_CACHES_LOADED_STATE = _caches_loaded_state()
 
 #: The start method of a configuration that names none, and of the processes restores run in.
 DEFAULT_CONTEXT = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+#: ``--full-matrix``: every combination of the matrix (the suite's options set it before the tests
+#: are imported; CI's workflow runs it).
+FULL_MATRIX = os.environ.get("TORCHDATA_SNAPSHOT_FULL_MATRIX") == "1"
+
+
+def case_name(config: Any) -> str:
+    """A configuration as the name of a test case: ``shuffle_after_sharding_w2_p1_10_fork``."""
+    return re.sub(r"\W+", "_", str(config)).strip("_")
 
 
 @dataclass(frozen=True)

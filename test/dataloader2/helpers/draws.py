@@ -1,10 +1,10 @@
 """Seeded draws for the property tests: configurations and checkpoint positions.
 
 A property test is decorated with ``@examples()`` and takes a ``draw``: it runs once per example
-(``test_x[0]`` .. ``test_x[19]``; 150 with ``--full-matrix``, or the count it asks for). Each
+(``test_x_0`` .. ``test_x_19``; 150 with ``--full-matrix``, or the count it asks for). Each
 example draws from its own ``random.Random``, seeded with the test's name and the example's
 number: the same example draws the same values in every run and on every machine, so a failure
-names the example that reruns it (``pytest 'test_x[7]'``), and the suite needs nothing beyond
+names the example (``test_x_7``), which its node id reruns, and the suite needs nothing beyond
 torchdata's test requirements.
 
 Integers are drawn as a property-based tester draws them: often a bound or next to one (the
@@ -19,7 +19,7 @@ import os
 import random
 from typing import Callable, List, Optional, Sequence, TypeVar
 
-import pytest
+from torch.testing._internal.common_utils import parametrize, subtest
 
 T = TypeVar("T")
 Test = TypeVar("Test", bound=Callable[..., None])
@@ -70,12 +70,13 @@ class SeededDraw:
 
 
 def examples(count: Optional[int] = None) -> Callable[[Test], Test]:
-    """Run the decorated test once per example (``count``, else :data:`EXAMPLES`), its ``draw``
-    argument a :class:`SeededDraw` seeded with the test's name and the example's number."""
+    """Run the decorated test (a method of a TestCase given to ``instantiate_parametrized_tests``)
+    once per example (``count``, else :data:`EXAMPLES`): ``test_x_0`` .. , its ``draw`` argument a
+    :class:`SeededDraw` seeded with the test's name and the example's number."""
 
     def decorate(test: Test) -> Test:
         n = EXAMPLES if count is None else count
-        draws = [SeededDraw(f"{test.__name__}:{i}") for i in range(n)]
-        return pytest.mark.parametrize("draw", draws, ids=[str(i) for i in range(n)])(test)
+        draws = [subtest(SeededDraw(f"{test.__name__}:{i}"), name=str(i)) for i in range(n)]
+        return parametrize("draw", draws)(test)
 
     return decorate
