@@ -1,6 +1,7 @@
-"""Shared fixtures: DataLoader2s that are always shut down, and a guard that fails any test
-leaving a child process alive, a shared-memory segment of its processes behind, or a tensor pool
-mapped in this process."""
+"""The suite's guard, which fails any test leaving a child process alive, a shared-memory segment
+of its processes behind, or a tensor pool mapped in this process; and the start methods of this
+platform, with the skips of what needs one it lacks. (What a test uses, loaders shut down after
+it included, is helpers/suite_case.py's SuiteTestCase.)"""
 
 from __future__ import annotations
 
@@ -8,11 +9,10 @@ import gc
 import multiprocessing
 import os
 import sys
-from typing import Any, Callable, Dict, Iterable, List, Set, Tuple
+from typing import Any, Dict, Iterable, List, Set, Tuple
 
 import psutil
 import pytest
-from torchdata.dataloader2 import DataLoader2
 
 #: The start methods of this platform (Windows has no fork, nor forkserver).
 START_METHODS = multiprocessing.get_all_start_methods()
@@ -179,25 +179,3 @@ def no_leftover_processes_or_shared_memory(request: pytest.FixtureRequest) -> An
     left = _ours(_shared_memory() - shm_before)
     assert not left, f"the test left shared-memory segments in /dev/shm: {left}"
     assert pools_left <= 0, f"the test left {pools_left} tensor pool(s) mapped in the main process"
-
-
-@pytest.fixture
-def make_dl() -> Any:
-    """``make_dl(datapipe, reading_service, seed=0)``: a seeded DataLoader2, shut down after the test;
-    a loader made otherwise (``DataLoader2.from_state``) is too once added to ``make_dl.created``."""
-    created: List[DataLoader2] = []
-
-    def make(datapipe: Any, reading_service: Any, seed: Any = 0) -> DataLoader2:
-        dl = DataLoader2(datapipe, reading_service=reading_service)
-        if seed is not None:
-            dl.seed(seed)
-        created.append(dl)
-        return dl
-
-    make.created = created  # type: ignore[attr-defined]
-    yield make
-    for dl in created:
-        dl.shutdown()
-
-
-Maker = Callable[..., DataLoader2]

@@ -8,9 +8,9 @@ import unittest
 from typing import Any, Dict, List, Tuple
 
 import numpy
-import pytest
 import torch
 from digest_items import ALIGNED, assert_every_sampled_byte_counts
+from suite_case import SuiteTestCase
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 
 from torchdata_snapshot.checkpoint.array_digest import SAMPLE_BYTES, value_digest
@@ -18,30 +18,6 @@ from torchdata_snapshot.checkpoint.array_digest import SAMPLE_BYTES, value_diges
 #: Whether long doubles are x87's 80-bit extended precision here (10 bytes of 12 or 16: padded).
 _X87 = (numpy.finfo(numpy.longdouble).nmant, numpy.finfo(numpy.longdouble).nexp) == (63, 15)
 _LONG = numpy.dtype(numpy.longdouble).itemsize
-
-
-def test_conjugate_and_negative_views_digest_as_their_values() -> None:
-    z = torch.tensor([1 + 2j, 3 - 1j])
-    assert value_digest(z.conj()) == value_digest(z.conj().resolve_conj())
-    x = torch.tensor([1.0, -2.0])
-    assert value_digest(x._neg_view()) == value_digest(-x)
-    assert value_digest(z.conj()) != value_digest(z)
-
-
-def test_large_tensors_are_sampled_at_both_ends() -> None:
-    big = torch.zeros(SAMPLE_BYTES)  # 4 bytes per element: larger than two samples
-    changed_end = big.clone()
-    changed_end[-1] = 1
-    changed_middle = big.clone()
-    changed_middle[len(big) // 2] = 1
-    assert value_digest(big) != value_digest(changed_end)
-    assert value_digest(big) == value_digest(changed_middle), "the middle of a large tensor is not read"
-
-
-def test_every_byte_sampled_counts() -> None:
-    """A 64 KB item: a change of any one byte of the first and last ``SAMPLE_BYTES`` (every 97th
-    one here) changes its digest, and so does swapping two of its elements there."""
-    assert_every_sampled_byte_counts(value_digest)
 
 
 #: Digests that checkpoints of this format version (8: values as CRC-32s) hold: a restore
@@ -62,12 +38,6 @@ PINNED_TENSOR_DIGESTS = {
     "requires grad": (lambda: torch.ones(5000, requires_grad=True), "7ef1b6850c8f3b7d"),
     "slice of a larger storage": (lambda: torch.arange(100000.0)[1000:60000], "bb2241d049fa4729"),
 }
-
-
-@pytest.mark.parametrize("name", list(PINNED_TENSOR_DIGESTS))
-def test_tensor_digests_stay_what_earlier_checkpoints_recorded(name: str) -> None:
-    make, digest = PINNED_TENSOR_DIGESTS[name]
-    assert value_digest(make()) == digest
 
 
 def _zero_padded(a: numpy.ndarray, padding: slice) -> numpy.ndarray:
@@ -94,18 +64,12 @@ PINNED_ARRAY_DIGESTS = {
     "unicode": (lambda: numpy.array(["ab", "c"]), "2719a5be68ee99de"),
     "aligned structured, zero padding": (lambda: _aligned_records(3000), "1e64c790b58a5918"),
 }
+
 if _X87 and _LONG == 16:
     PINNED_ARRAY_DIGESTS["longdouble, zero padding"] = (
         lambda: _zero_padded(numpy.arange(3000, dtype=numpy.longdouble) / 7, slice(10, 16)),
         "55f636cc8535c13d",
     )
-
-
-@pytest.mark.parametrize("name", list(PINNED_ARRAY_DIGESTS))
-def test_array_digests_stay_what_earlier_checkpoints_recorded(name: str) -> None:
-    make, digest = PINNED_ARRAY_DIGESTS[name]
-    assert value_digest(make()) == digest
-
 
 #: ``(dtype, byte offsets of an element's padding)``: structured dtypes; long doubles where x87's
 #: 80-bit format fills 10 of their bytes (elsewhere they have no padding).
@@ -164,8 +128,47 @@ class Opaque(torch.Tensor):
         return super().__torch_function__(func, types, args, kwargs or {})
 
 
-def test_a_tensor_that_cannot_be_read_digests_by_its_type_and_shape() -> None:
-    """A missed divergence, never a crash (the worker would die) and never a false alarm."""
-    opaque = torch.arange(3.0).as_subclass(Opaque)
-    assert value_digest(opaque) == value_digest(torch.arange(3.0).as_subclass(Opaque))
-    assert value_digest(opaque) != value_digest(torch.arange(4.0).as_subclass(Opaque))
+class TestArrayDigest(SuiteTestCase):
+    def test_conjugate_and_negative_views_digest_as_their_values(self) -> None:
+        z = torch.tensor([1 + 2j, 3 - 1j])
+        assert value_digest(z.conj()) == value_digest(z.conj().resolve_conj())
+        x = torch.tensor([1.0, -2.0])
+        assert value_digest(x._neg_view()) == value_digest(-x)
+        assert value_digest(z.conj()) != value_digest(z)
+
+    def test_large_tensors_are_sampled_at_both_ends(self) -> None:
+        big = torch.zeros(SAMPLE_BYTES)  # 4 bytes per element: larger than two samples
+        changed_end = big.clone()
+        changed_end[-1] = 1
+        changed_middle = big.clone()
+        changed_middle[len(big) // 2] = 1
+        assert value_digest(big) != value_digest(changed_end)
+        assert value_digest(big) == value_digest(changed_middle), "the middle of a large tensor is not read"
+
+    def test_every_byte_sampled_counts(self) -> None:
+        """A 64 KB item: a change of any one byte of the first and last ``SAMPLE_BYTES`` (every 97th
+        one here) changes its digest, and so does swapping two of its elements there."""
+        assert_every_sampled_byte_counts(value_digest)
+
+    @parametrize("name", list(PINNED_TENSOR_DIGESTS))
+    def test_tensor_digests_stay_what_earlier_checkpoints_recorded(self, name: str) -> None:
+        make, digest = PINNED_TENSOR_DIGESTS[name]
+        assert value_digest(make()) == digest
+
+    @parametrize("name", list(PINNED_ARRAY_DIGESTS))
+    def test_array_digests_stay_what_earlier_checkpoints_recorded(self, name: str) -> None:
+        make, digest = PINNED_ARRAY_DIGESTS[name]
+        assert value_digest(make()) == digest
+
+    def test_a_tensor_that_cannot_be_read_digests_by_its_type_and_shape(self) -> None:
+        """A missed divergence, never a crash (the worker would die) and never a false alarm."""
+        opaque = torch.arange(3.0).as_subclass(Opaque)
+        assert value_digest(opaque) == value_digest(torch.arange(3.0).as_subclass(Opaque))
+        assert value_digest(opaque) != value_digest(torch.arange(4.0).as_subclass(Opaque))
+
+
+instantiate_parametrized_tests(TestArrayDigest)
+
+
+if __name__ == "__main__":
+    unittest.main()

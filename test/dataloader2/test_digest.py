@@ -14,6 +14,7 @@ import pathlib
 import subprocess
 import sys
 import threading
+import unittest
 from collections import namedtuple
 from typing import Any, Dict, List
 
@@ -21,7 +22,8 @@ import numpy
 import pytest
 import torch
 from digest_items import Node, assert_every_sampled_byte_counts, padded_arrays
-from torch.testing._internal.common_utils import TestCase
+from suite_case import SuiteTestCase
+from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize
 
 from torchdata_snapshot._errors import ReplayDivergenceError
 from torchdata_snapshot.checkpoint.array_digest import value_digest
@@ -92,22 +94,6 @@ class TestObjectsWithoutADict(TestCase):
         self.assertEqual(item_digest(threading.Lock()), item_digest(threading.Lock()))
 
 
-def test_digests_are_16_hex_digits_and_deterministic() -> None:
-    for item in samples():
-        d = item_digest(item)
-        assert len(d) == 16 and int(d, 16) >= 0
-        assert item_digest(item) == d
-
-
-def test_different_items_have_different_digests() -> None:
-    digests = [item_digest(x) for x in samples()]
-    assert len(set(digests)) == len(digests)
-    assert item_digest({"a": 1, "b": 2}) != item_digest({"b": 2, "a": 1}), "dict order is part of the item"
-    assert item_digest(torch.arange(4)) != item_digest(torch.arange(4).float())
-    assert item_digest(torch.arange(4)) != item_digest(torch.arange(4).reshape(2, 2))
-    assert item_digest(Record("r", [1, 2])) != item_digest(Record("r", [1, 3]))
-
-
 _CHILD = """
 import sys, pickle
 sys.path[:0] = {path!r}
@@ -117,66 +103,10 @@ print(",".join(item_digest(x) for x in samples()))
 """
 
 
-@pytest.mark.parametrize("hash_seed", ["1", "2"])
-def test_digests_agree_across_processes_with_other_hash_salts(hash_seed: str) -> None:
-    # Sets of strings iterate in an order that depends on the per-process hash salt.
-    env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONWARNINGS="ignore")
-    code = _CHILD.format(path=sys.path)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().split(",") == [item_digest(x) for x in samples()]
-
-
-def test_an_object_array_counts_by_its_objects() -> None:
-    items = [numpy.array([1, "a"], dtype=object), numpy.array([1, "a"], dtype=object)[::-1]]
-    assert item_digest(items[0]) == item_digest(numpy.array([1, "a"], dtype=object))
-    assert item_digest(items[1]) == item_digest(numpy.array(["a", 1], dtype=object))
-    assert item_digest(items[0]) != item_digest(items[1])
-
-
-def test_a_tensor_or_array_item_digests_as_its_values() -> None:
-    for value in (torch.arange(12.0).reshape(3, 4).t(), numpy.arange(6).reshape(2, 3)[::-1]):
-        assert item_digest(value) == value_digest(value)
-    assert item_digest([torch.arange(3)]) != value_digest(torch.arange(3)), "a list is more than its item"
-
-
 def divergence() -> str:
     with pytest.raises(ReplayDivergenceError) as raised:
         replay(iter([1, 2, 3]), 0, 3, 0, "0" * 16, where="worker 0", epoch=1)
     return str(raised.value)
-
-
-def test_a_divergence_says_pythonhashseed_is_not_set_and_what_verify_replay_false_costs(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-    message = divergence()
-    assert message.startswith("worker 0: items 1..3 of epoch 1 replayed differently")
-    assert (
-        "PYTHONHASHSEED is not set, so hash() of a str or bytes differs from one process to the next"
-        in message
-    )
-    assert "a tokenizer, a bucketing or a sampling that uses hash() does not replay" in message
-    assert "an unseeded source of randomness" in message and "a file read that changed" in message
-    assert "verify_replay=False only turns this check off" in message
-    assert "other data than the interrupted run's" in message
-    assert "to continue anyway" not in message, "turning the check off is not the fix"
-    assert message.endswith("(troubleshooting: docs/troubleshooting.rst#replaydivergenceerror)")
-
-
-def test_a_divergence_with_pythonhashseed_set_says_it_must_have_been_the_same(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("PYTHONHASHSEED", "7")
-    message = divergence()
-    assert "hash() of a str or bytes is fixed here (PYTHONHASHSEED=7)" in message
-    assert "the same PYTHONHASHSEED" in message
-    assert os.environ["PYTHONHASHSEED"] == "7"
-
-
-def test_a_replayed_stream_that_ends_early_names_the_causes_too() -> None:
-    with pytest.raises(ReplayDivergenceError, match="ended after 2 items.*Usual causes: .*PYTHONHASHSEED"):
-        replay(iter([1, 2]), 0, 3, None, None, where="worker 0", epoch=1)
 
 
 class TestItemsThatHoldThemselves(TestCase):
@@ -210,13 +140,6 @@ class TestItemsThatHoldThemselves(TestCase):
         self.assertEqual(chain(CHAIN_START, deep), chain(CHAIN_START, copy.deepcopy(deep)))
 
 
-# --- tensors in the running digest ------------------------------------------------------------
-
-
-def test_every_byte_sampled_counts_in_the_running_digest() -> None:
-    assert_every_sampled_byte_counts(lambda t: chain(CHAIN_START, t))
-
-
 #: Running digests of one plain tensor item (``chain``, what checkpoints record), pinned as the value
 #: digests are (test_array_digest.py): a restore recomputes them.
 PINNED_CHAINS = {
@@ -226,7 +149,84 @@ PINNED_CHAINS = {
 }
 
 
-@pytest.mark.parametrize("name", list(PINNED_CHAINS))
-def test_running_digests_of_tensors_stay_what_checkpoints_recorded(name: str) -> None:
-    make, digest = PINNED_CHAINS[name]
-    assert chain(CHAIN_START, make()) == digest
+class TestDigest(SuiteTestCase):
+    def test_digests_are_16_hex_digits_and_deterministic(self) -> None:
+        for item in samples():
+            d = item_digest(item)
+            assert len(d) == 16 and int(d, 16) >= 0
+            assert item_digest(item) == d
+
+    def test_different_items_have_different_digests(self) -> None:
+        digests = [item_digest(x) for x in samples()]
+        assert len(set(digests)) == len(digests)
+        assert item_digest({"a": 1, "b": 2}) != item_digest({"b": 2, "a": 1}), (
+            "dict order is part of the item"
+        )
+        assert item_digest(torch.arange(4)) != item_digest(torch.arange(4).float())
+        assert item_digest(torch.arange(4)) != item_digest(torch.arange(4).reshape(2, 2))
+        assert item_digest(Record("r", [1, 2])) != item_digest(Record("r", [1, 3]))
+
+    @parametrize("hash_seed", ["1", "2"])
+    def test_digests_agree_across_processes_with_other_hash_salts(self, hash_seed: str) -> None:
+        # Sets of strings iterate in an order that depends on the per-process hash salt.
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONWARNINGS="ignore")
+        code = _CHILD.format(path=sys.path)
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip().split(",") == [item_digest(x) for x in samples()]
+
+    def test_an_object_array_counts_by_its_objects(self) -> None:
+        items = [numpy.array([1, "a"], dtype=object), numpy.array([1, "a"], dtype=object)[::-1]]
+        assert item_digest(items[0]) == item_digest(numpy.array([1, "a"], dtype=object))
+        assert item_digest(items[1]) == item_digest(numpy.array(["a", 1], dtype=object))
+        assert item_digest(items[0]) != item_digest(items[1])
+
+    def test_a_tensor_or_array_item_digests_as_its_values(self) -> None:
+        for value in (torch.arange(12.0).reshape(3, 4).t(), numpy.arange(6).reshape(2, 3)[::-1]):
+            assert item_digest(value) == value_digest(value)
+        assert item_digest([torch.arange(3)]) != value_digest(torch.arange(3)), "a list is more than its item"
+
+    def test_a_divergence_says_pythonhashseed_is_not_set_and_what_verify_replay_false_costs(self) -> None:
+        self.monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+        message = divergence()
+        assert message.startswith("worker 0: items 1..3 of epoch 1 replayed differently")
+        assert (
+            "PYTHONHASHSEED is not set, so hash() of a str or bytes differs from one process to the next"
+            in message
+        )
+        assert "a tokenizer, a bucketing or a sampling that uses hash() does not replay" in message
+        assert "an unseeded source of randomness" in message and "a file read that changed" in message
+        assert "verify_replay=False only turns this check off" in message
+        assert "other data than the interrupted run's" in message
+        assert "to continue anyway" not in message, "turning the check off is not the fix"
+        assert message.endswith("(troubleshooting: docs/troubleshooting.rst#replaydivergenceerror)")
+
+    def test_a_divergence_with_pythonhashseed_set_says_it_must_have_been_the_same(self) -> None:
+        self.monkeypatch.setenv("PYTHONHASHSEED", "7")
+        message = divergence()
+        assert "hash() of a str or bytes is fixed here (PYTHONHASHSEED=7)" in message
+        assert "the same PYTHONHASHSEED" in message
+        assert os.environ["PYTHONHASHSEED"] == "7"
+
+    def test_a_replayed_stream_that_ends_early_names_the_causes_too(self) -> None:
+        with pytest.raises(
+            ReplayDivergenceError, match="ended after 2 items.*Usual causes: .*PYTHONHASHSEED"
+        ):
+            replay(iter([1, 2]), 0, 3, None, None, where="worker 0", epoch=1)
+
+    def test_every_byte_sampled_counts_in_the_running_digest(self) -> None:
+        assert_every_sampled_byte_counts(lambda t: chain(CHAIN_START, t))
+
+    @parametrize("name", list(PINNED_CHAINS))
+    def test_running_digests_of_tensors_stay_what_checkpoints_recorded(self, name: str) -> None:
+        make, digest = PINNED_CHAINS[name]
+        assert chain(CHAIN_START, make()) == digest
+
+
+instantiate_parametrized_tests(TestDigest)
+
+
+if __name__ == "__main__":
+    unittest.main()

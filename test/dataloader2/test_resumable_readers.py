@@ -4,17 +4,19 @@ changed is refused when the state is loaded."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import os
 import pickle
 import tarfile
 import tempfile
-from pathlib import Path
+import unittest
 from typing import Any, List
 
 import pytest
-from torch.testing._internal.common_utils import TestCase
+from suite_case import SuiteTestCase
+from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 from torchdata.datapipes.iter import FileOpener, IterableWrapper
 
@@ -35,86 +37,8 @@ def adapted(dp: Any) -> Any:
     return replacement
 
 
-@pytest.fixture
-def texts(tmp_path: Path) -> List[str]:
-    paths = []
-    for i in range(3):
-        path = tmp_path / f"{i}.txt"
-        path.write_text("".join(f"file {i} line {j}\n" for j in range(4 + i)))
-        paths.append(str(path))
-    return paths
-
-
 def opened(paths: List[str], mode: str = "r") -> Any:
     return adapted(FileOpener(IterableWrapper(paths), mode=mode))
-
-
-def test_an_opened_file_knows_its_origin_and_opens_again_at_its_start(texts: List[str]) -> None:
-    path, stream = next(iter(opened(texts)))
-    first = stream.readline()
-    again = rebuild(describe((path, stream)))
-    assert again[0] == path and origin_of(again[1]) == origin_of(stream)
-    assert again[1].readline() == first
-    stream.close()
-    again[1].close()
-
-
-def test_a_decompressed_stream_opens_again_from_its_compressed_file(tmp_path: Path) -> None:
-    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(b"zipped line\n"))
-    decompressed = adapted(opened([str(tmp_path / "a.txt.gz")], "b").decompress())
-    path, stream = next(iter(decompressed))
-    again = rebuild(describe(stream))
-    assert again.read() == stream.read() == b"zipped line\n"
-
-
-def test_a_stream_that_cannot_be_opened_again_is_not_captured() -> None:
-    with pytest.raises(StateCaptureError, match="cannot be opened again"):
-        describe(("path", StreamWrapper(io.BytesIO(b"x"))))
-
-
-@pytest.mark.parametrize("k", [0, 1, 4, 9, 11])
-def test_a_reader_loaded_with_its_state_after_k_lines_yields_the_rest(texts: List[str], k: int) -> None:
-    everything = list(adapted(opened(texts).readlines()))
-    reader = adapted(opened(texts).readlines())
-    assert isinstance(reader, ResumableReader)
-    it = iter(reader)
-    head = [next(it) for _ in range(k)]
-    state = reader.state_dict()
-    # The source is where it was after the element in progress: a FileOpener over the rest.
-    started = len({path for path, _ in head})
-    fresh = adapted(opened(texts[started:]).readlines())
-    fresh.load_state_dict(state)
-    assert head + list(fresh) == everything
-
-
-def test_archive_members_know_their_origin(tmp_path: Path) -> None:
-    with tarfile.open(tmp_path / "a.tar", "w") as tar:
-        for name in ("x.txt", "y.txt"):
-            info = tarfile.TarInfo(name)
-            info.size = 1
-            tar.addfile(info, io.BytesIO(name[:1].encode()))
-    members = adapted(opened([str(tmp_path / "a.tar")], "b").load_from_tar())
-    got = []
-    for path, stream in members:
-        again = rebuild(describe(stream))  # held: a StreamWrapper closes its file when collected
-        got.append((os.path.basename(path), stream.read(), again.read()))
-    assert got == [("x.txt", b"x", b"x"), ("y.txt", b"y", b"y")]
-
-
-def test_a_file_changed_since_the_state_is_refused_when_it_is_loaded(texts: List[str]) -> None:
-    reader = adapted(opened(texts).readlines())
-    it = iter(reader)
-    next(it)
-    state = reader.state_dict()
-    with open(texts[0], "a") as f:
-        f.write("one more line\n")
-    with pytest.raises(ChangedFileError, match=texts[0]):
-        adapted(opened(texts).readlines()).load_state_dict(state)
-
-
-def test_openers_hold_nothing_at_a_yield_point(texts: List[str]) -> None:
-    maker = opened(texts)
-    assert isinstance(maker, StreamMaker) and not hasattr(maker, "state_dict")
 
 
 class TestOpenedFiles(TestCase):
@@ -156,3 +80,83 @@ class TestOpenedFiles(TestCase):
         for damaged in (b"not a pickle", pickle.dumps(("a path",))):
             with self.assertRaisesRegex(StateRestoreError, "files a checkpoint recorded cannot be read"):
                 check_opened([damaged])
+
+
+class TestResumableReaders(SuiteTestCase):
+    @functools.cached_property
+    def texts(self) -> List[str]:
+        """Three text files of 4, 5 and 6 lines."""
+        paths = []
+        for i in range(3):
+            path = self.tmp_path / f"{i}.txt"
+            path.write_text("".join(f"file {i} line {j}\n" for j in range(4 + i)))
+            paths.append(str(path))
+        return paths
+
+    def test_an_opened_file_knows_its_origin_and_opens_again_at_its_start(self) -> None:
+        path, stream = next(iter(opened(self.texts)))
+        first = stream.readline()
+        again = rebuild(describe((path, stream)))
+        assert again[0] == path and origin_of(again[1]) == origin_of(stream)
+        assert again[1].readline() == first
+        stream.close()
+        again[1].close()
+
+    def test_a_decompressed_stream_opens_again_from_its_compressed_file(self) -> None:
+        (self.tmp_path / "a.txt.gz").write_bytes(gzip.compress(b"zipped line\n"))
+        decompressed = adapted(opened([str(self.tmp_path / "a.txt.gz")], "b").decompress())
+        path, stream = next(iter(decompressed))
+        again = rebuild(describe(stream))
+        assert again.read() == stream.read() == b"zipped line\n"
+
+    def test_a_stream_that_cannot_be_opened_again_is_not_captured(self) -> None:
+        with pytest.raises(StateCaptureError, match="cannot be opened again"):
+            describe(("path", StreamWrapper(io.BytesIO(b"x"))))
+
+    @parametrize("k", [0, 1, 4, 9, 11])
+    def test_a_reader_loaded_with_its_state_after_k_lines_yields_the_rest(self, k: int) -> None:
+        everything = list(adapted(opened(self.texts).readlines()))
+        reader = adapted(opened(self.texts).readlines())
+        assert isinstance(reader, ResumableReader)
+        it = iter(reader)
+        head = [next(it) for _ in range(k)]
+        state = reader.state_dict()
+        # The source is where it was after the element in progress: a FileOpener over the rest.
+        started = len({path for path, _ in head})
+        fresh = adapted(opened(self.texts[started:]).readlines())
+        fresh.load_state_dict(state)
+        assert head + list(fresh) == everything
+
+    def test_archive_members_know_their_origin(self) -> None:
+        with tarfile.open(self.tmp_path / "a.tar", "w") as tar:
+            for name in ("x.txt", "y.txt"):
+                info = tarfile.TarInfo(name)
+                info.size = 1
+                tar.addfile(info, io.BytesIO(name[:1].encode()))
+        members = adapted(opened([str(self.tmp_path / "a.tar")], "b").load_from_tar())
+        got = []
+        for path, stream in members:
+            again = rebuild(describe(stream))  # held: a StreamWrapper closes its file when collected
+            got.append((os.path.basename(path), stream.read(), again.read()))
+        assert got == [("x.txt", b"x", b"x"), ("y.txt", b"y", b"y")]
+
+    def test_a_file_changed_since_the_state_is_refused_when_it_is_loaded(self) -> None:
+        reader = adapted(opened(self.texts).readlines())
+        it = iter(reader)
+        next(it)
+        state = reader.state_dict()
+        with open(self.texts[0], "a") as f:
+            f.write("one more line\n")
+        with pytest.raises(ChangedFileError, match=self.texts[0]):
+            adapted(opened(self.texts).readlines()).load_state_dict(state)
+
+    def test_openers_hold_nothing_at_a_yield_point(self) -> None:
+        maker = opened(self.texts)
+        assert isinstance(maker, StreamMaker) and not hasattr(maker, "state_dict")
+
+
+instantiate_parametrized_tests(TestResumableReaders)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -4,11 +4,12 @@ small items that travel whole in their pickles and never for items holding share
 from __future__ import annotations
 
 import pickle
+import unittest
 from dataclasses import replace
 from typing import Tuple
 
-import pytest
-from torch.testing._internal.common_utils import TestCase
+from suite_case import SuiteTestCase
+from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize
 
 from torchdata_snapshot._constants import SMALL_ITEMS_MAX_WINDOW
 from torchdata_snapshot.checkpoint.format import WorkerPosition
@@ -18,34 +19,6 @@ from torchdata_snapshot.core.transport.batches import Credit, QueuedItem, items_
 from torchdata_snapshot.core.transport.item_codec import ItemEncoder
 
 BUDGET = 1 << 18
-
-
-def test_a_message_counts_the_items_holding_shared_memory() -> None:
-    batch = [QueuedItem(1, pickle.dumps(i), None, shared=i % 2 == 0) for i in range(5)]
-    message = items_message(batch)
-    assert (message.epoch, message.count, message.shared) == (1, 5, 3)
-
-
-def test_a_message_names_the_items_whose_production_opened_files() -> None:
-    batch = [QueuedItem(1, pickle.dumps(i), opened=b"f%d" % i if i in (1, 4) else None) for i in range(5)]
-    assert items_message(batch).opened == ((1, b"f1"), (4, b"f4"))
-
-
-@pytest.mark.parametrize(
-    ("item_bytes", "shared", "window"),
-    [
-        (5, False, SMALL_ITEMS_MAX_WINDOW),  # ints: as many as allowed
-        (2048, False, BUDGET // 2048),  # 2 KB strings: 128, the budget's worth
-        (100_000, False, 21),  # large pickles: the prefetch counts
-        (5, True, 21),  # tensors were among them: their size is unknown
-    ],
-)
-def test_the_window_grows_for_small_items_only(item_bytes: int, shared: bool, window: int) -> None:
-    assert small_items_window(21, item_bytes, shared, BUDGET) == window
-
-
-def test_without_a_budget_the_window_is_the_prefetch_counts() -> None:
-    assert small_items_window(21, 5, False, 0) == 21
 
 
 def stream_after(*messages: ItemsResponse) -> WorkerRecord:
@@ -70,38 +43,9 @@ def strings(count: int, size: int) -> ItemsResponse:
     return ItemsResponse(0, *encoder.take(), None)
 
 
-def test_a_stream_keeps_the_window_its_largest_items_allow_for_the_epoch() -> None:
-    assert stream_after(ints(64)).credit.window == SMALL_ITEMS_MAX_WINDOW
-    # 100 KB strings once: a later message of small items does not let 512 of them run ahead.
-    assert stream_after(ints(64), strings(2, 100_000), ints(64)).credit.window == 21
-    assert stream_after(ints(64), ints(8, shared=1), ints(64)).credit.window == 21
-    # A new epoch (or a restored position) measures again.
-    stream = stream_after(strings(2, 100_000))
-    stream.start(WorkerPosition())
-    assert stream.file(ints(64), epoch=0) and stream.credit.window == SMALL_ITEMS_MAX_WINDOW
-
-
-def test_a_shrunk_window_grants_nothing_until_half_of_it_is_outstanding() -> None:
-    credit = Credit(512)
-    assert credit.top_up(0) == 512
-    credit.window = 21  # larger items came
-    assert credit.top_up(400) == 0  # 112 outstanding
-    assert credit.top_up(502) == 11  # 10 outstanding: topped up to 21
-
-
 def counted(*taken: int) -> ItemsResponse:
     """A message of ``len(taken)`` items with their sharding positions, as a worker sends it."""
     return items_message([QueuedItem(0, pickle.dumps(i), None, False, t) for i, t in enumerate(taken)])
-
-
-def test_items_carry_their_sharding_positions_into_the_users_positions() -> None:
-    assert items_message([QueuedItem(0, pickle.dumps(1))]).taken is None, "not counted: nothing travels"
-    stream = stream_after(counted(3, 3, 7), counted(9))
-    assert [stream.position(at).taken for at in range(5)] == [0, 3, 3, 7, 9]
-    stream.prune(4)
-    assert stream.position(4).taken == 9, "pruning keeps what the user's position needs"
-    stream.start(WorkerPosition(4, None, None, 9))  # a restored position
-    assert stream.file(counted(12), epoch=0) and [stream.position(at).taken for at in (4, 5)] == [9, 12]
 
 
 class TestFilesOpenedAfterAState(TestCase):
@@ -141,3 +85,62 @@ class TestFilesOpenedAfterAState(TestCase):
         stream.file(self.items(2, ((1, b"g"),)), epoch=0)
         self.assertEqual(stream.position(5).opened, (b"d",), "a checkpoint right after the restore")
         self.assertEqual(stream.position(7).opened, (b"d", b"g"))
+
+
+class TestStream(SuiteTestCase):
+    def test_a_message_counts_the_items_holding_shared_memory(self) -> None:
+        batch = [QueuedItem(1, pickle.dumps(i), None, shared=i % 2 == 0) for i in range(5)]
+        message = items_message(batch)
+        assert (message.epoch, message.count, message.shared) == (1, 5, 3)
+
+    def test_a_message_names_the_items_whose_production_opened_files(self) -> None:
+        batch = [QueuedItem(1, pickle.dumps(i), opened=b"f%d" % i if i in (1, 4) else None) for i in range(5)]
+        assert items_message(batch).opened == ((1, b"f1"), (4, b"f4"))
+
+    @parametrize(
+        "item_bytes, shared, window",
+        [
+            (5, False, SMALL_ITEMS_MAX_WINDOW),  # ints: as many as allowed
+            (2048, False, BUDGET // 2048),  # 2 KB strings: 128, the budget's worth
+            (100_000, False, 21),  # large pickles: the prefetch counts
+            (5, True, 21),  # tensors were among them: their size is unknown
+        ],
+    )
+    def test_the_window_grows_for_small_items_only(self, item_bytes: int, shared: bool, window: int) -> None:
+        assert small_items_window(21, item_bytes, shared, BUDGET) == window
+
+    def test_without_a_budget_the_window_is_the_prefetch_counts(self) -> None:
+        assert small_items_window(21, 5, False, 0) == 21
+
+    def test_a_stream_keeps_the_window_its_largest_items_allow_for_the_epoch(self) -> None:
+        assert stream_after(ints(64)).credit.window == SMALL_ITEMS_MAX_WINDOW
+        # 100 KB strings once: a later message of small items does not let 512 of them run ahead.
+        assert stream_after(ints(64), strings(2, 100_000), ints(64)).credit.window == 21
+        assert stream_after(ints(64), ints(8, shared=1), ints(64)).credit.window == 21
+        # A new epoch (or a restored position) measures again.
+        stream = stream_after(strings(2, 100_000))
+        stream.start(WorkerPosition())
+        assert stream.file(ints(64), epoch=0) and stream.credit.window == SMALL_ITEMS_MAX_WINDOW
+
+    def test_a_shrunk_window_grants_nothing_until_half_of_it_is_outstanding(self) -> None:
+        credit = Credit(512)
+        assert credit.top_up(0) == 512
+        credit.window = 21  # larger items came
+        assert credit.top_up(400) == 0  # 112 outstanding
+        assert credit.top_up(502) == 11  # 10 outstanding: topped up to 21
+
+    def test_items_carry_their_sharding_positions_into_the_users_positions(self) -> None:
+        assert items_message([QueuedItem(0, pickle.dumps(1))]).taken is None, "not counted: nothing travels"
+        stream = stream_after(counted(3, 3, 7), counted(9))
+        assert [stream.position(at).taken for at in range(5)] == [0, 3, 3, 7, 9]
+        stream.prune(4)
+        assert stream.position(4).taken == 9, "pruning keeps what the user's position needs"
+        stream.start(WorkerPosition(4, None, None, 9))  # a restored position
+        assert stream.file(counted(12), epoch=0) and [stream.position(at).taken for at in (4, 5)] == [9, 12]
+
+
+instantiate_parametrized_tests(TestStream)
+
+
+if __name__ == "__main__":
+    unittest.main()

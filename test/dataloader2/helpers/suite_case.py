@@ -14,8 +14,8 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, List, Optional
-from unittest import TestCase
 
+import expecttest
 import pytest
 from torchdata.dataloader2 import DataLoader2
 
@@ -60,8 +60,9 @@ class LogCapture(logging.Handler):
             target.setLevel(level)
 
 
-class SuiteTestCase(TestCase):
-    """A test of the suite: loaders shut down, a temporary directory and patches undone after it."""
+class SuiteTestCase(expecttest.TestCase):
+    """A test of the suite: loaders shut down, a temporary directory and patches undone after it;
+    ``assertExpectedInline`` (expecttest) where an exact message is the contract."""
 
     def setUp(self) -> None:
         super().setUp()
