@@ -52,9 +52,9 @@ class TestPluginPoints(SuiteTestCase):
         assert plugins.installed().elastic_start is json.dumps
         with pytest.raises(ValueError) as refused:
             plugins.require("replacer", "restart_dead_workers")
-        assert (
-            str(refused.value)
-            == "restart_dead_workers needs no_such_package.healing, which this installation lacks"
+        self.assertExpectedInline(
+            str(refused.value),
+            """restart_dead_workers needs no_such_package.healing, which this installation lacks""",
         )
 
     def test_the_pool_is_on_by_default_only_where_installed_and_the_platform_has_it(self) -> None:

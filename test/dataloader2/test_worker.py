@@ -306,9 +306,11 @@ class TestWorker(SuiteTestCase):
         assert isinstance(error, m.WorkerExceptionResponse)
         with pytest.raises(ChangedFileError) as raised:
             pickle.loads(pickle.dumps(error)).exc.reraise()  # as it crosses the pipe
-        assert str(raised.value) == (
-            "data/shard_06.csv is gone (troubleshooting: docs/troubleshooting.rst#changedfileerror)"
-        ), "one short message, naming its entry once"
+        # One short message, naming its entry once.
+        self.assertExpectedInline(
+            str(raised.value),
+            """data/shard_06.csv is gone (troubleshooting: docs/troubleshooting.rst#changedfileerror)""",
+        )
         cause = raised.value.__cause__
         assert isinstance(cause, RemoteTraceback)
         assert str(cause).startswith(
