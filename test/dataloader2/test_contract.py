@@ -20,7 +20,6 @@ from contract import (
     PREFETCH,
     WORKERS,
     Config,
-    Resumer,
     ResumeTask,
     case_name,
     check_contract,
@@ -30,7 +29,7 @@ from contract import (
     take_states,
 )
 from pipelines import ELASTIC_DECLARED, PIPELINES, REPLAYED_ONLY
-from suite_case import SuiteTestCase
+from suite_case import ResumingTestCase
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 
 SHAPES = sorted(set(PIPELINES) - ELASTIC_DECLARED)
@@ -56,15 +55,7 @@ def stateful_matrix(full: bool) -> List[Any]:
     ]
 
 
-class TestContract(SuiteTestCase):
-    resumer: Resumer  # the fresh processes the resumes run in, for the whole class
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        super().setUpClass()
-        cls.resumer = Resumer()
-        cls.addClassCleanup(cls.resumer.close)
-
+class TestContract(ResumingTestCase):
     @parametrize("matrix_config", matrix(SHAPES, FULL_MATRIX), name_fn=case_name)
     def test_exact_resume_over_the_matrix(self, matrix_config: Config) -> None:
         check_contract(self.resumer, matrix_config, resolve_positions(matrix_config, POSITIONS))

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import unittest
 
-from contract import Config, Resumer, check_contract, reference
+from contract import Config, check_contract, reference
 from draws import SeededDraw, examples
 from pipelines import ELASTIC_DECLARED, PIPELINES, REPLAYED_ONLY
-from suite_case import SuiteTestCase
+from suite_case import ResumingTestCase
 from torch.testing._internal.common_utils import instantiate_parametrized_tests
 
 #: The shapes any build of the reading service runs; those only elastic resume can build are
@@ -20,15 +20,7 @@ from torch.testing._internal.common_utils import instantiate_parametrized_tests
 SHAPES = sorted(set(PIPELINES) - ELASTIC_DECLARED)
 
 
-class TestContractProperty(SuiteTestCase):
-    resumer: Resumer  # the fresh processes the resumes run in, for the whole class
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        super().setUpClass()
-        cls.resumer = Resumer()
-        cls.addClassCleanup(cls.resumer.close)
-
+class TestContractProperty(ResumingTestCase):
     @examples()
     def test_any_configuration_resumes_exactly_at_any_position(self, draw: SeededDraw) -> None:
         config = Config(

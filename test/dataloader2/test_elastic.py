@@ -43,7 +43,7 @@ from pipelines import (
     take,
     tiny,
 )
-from suite_case import SuiteTestCase
+from suite_case import ResumingTestCase
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 from torchdata.dataloader2 import DataLoader2
 from torchdata.datapipes.iter import IterableWrapper
@@ -125,15 +125,7 @@ class ElasticDoublingSubclass(ElasticDoubling):
     """Not declared: it inherits its base's declaration, which covers the base only."""
 
 
-class TestElastic(SuiteTestCase):
-    resumer: Resumer  # the fresh processes the resumes run in, for the whole class
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        super().setUpClass()
-        cls.resumer = Resumer()
-        cls.addClassCleanup(cls.resumer.close)
-
+class TestElastic(ResumingTestCase):
     def restore(self, state: Dict[str, Any], reading_service: Any) -> DataLoader2:
         """``DataLoader2.from_state``, shut down after the test."""
         dl = DataLoader2.from_state(state, reading_service)

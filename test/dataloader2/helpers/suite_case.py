@@ -81,3 +81,18 @@ class SuiteTestCase(expecttest.TestCase):
             self._tmp_path = Path(tempfile.mkdtemp(prefix="suite_case_"))
             self.addCleanup(shutil.rmtree, self._tmp_path, ignore_errors=True)
         return self._tmp_path
+
+
+class ResumingTestCase(SuiteTestCase):
+    """A TestCase whose tests resume in fresh processes: one ``contract.Resumer`` for the class
+    (imported here, not by contract.py, whose fresh processes need no test framework)."""
+
+    resumer: Any
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        from contract import Resumer
+
+        cls.resumer = Resumer()
+        cls.addClassCleanup(cls.resumer.close)
