@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import unittest
 from pathlib import Path
 from typing import Any, Dict, List
@@ -182,8 +181,7 @@ class TestLoadStateDict(SuiteTestCase):
     @classmethod
     def setUpClass(cls) -> None:
         super().setUpClass()
-        where = Path(tempfile.mkdtemp(prefix="train"))
-        cls.addClassCleanup(shutil.rmtree, where, ignore_errors=True)
+        where = cls.class_directory("train")
         report = run(where, TRAIN, TAKEN)
         cls.trained = {"dir": where, "report": {int(workers): runs for workers, runs in report.items()}}
 

@@ -6,7 +6,6 @@ import functools
 import multiprocessing
 import os
 import pickle
-import tempfile
 import unittest
 from typing import Any, Callable
 
@@ -101,9 +100,7 @@ class TestReaderArgumentsOfARestore(SuiteTestCase):
 
     def setUp(self) -> None:
         super().setUp()
-        directory = tempfile.TemporaryDirectory()
-        self.addCleanup(directory.cleanup)
-        self.root = directory.name
+        self.root = str(self.tmp_path)
         _write_lines(self.root)
 
     def _lines(self, mode: str = "r", strip_newline: bool = True) -> Any:

@@ -18,9 +18,7 @@ import io
 import json
 import lzma
 import random
-import shutil
 import tarfile
-import tempfile
 import unittest
 import warnings
 import zipfile
@@ -317,9 +315,7 @@ class TestStatefulEquivalence(SuiteTestCase):
     @classmethod
     def setUpClass(cls) -> None:
         super().setUpClass()
-        files = Path(tempfile.mkdtemp(prefix="files"))
-        cls.addClassCleanup(shutil.rmtree, files, ignore_errors=True)
-        cls.compositions = _compositions(_files(files))
+        cls.compositions = _compositions(_files(cls.class_directory("files")))
 
     def test_every_registered_datapipe_is_covered(self) -> None:
         covered = {type(dp) for build in self.compositions.values() for _, dp in graph_datapipes(build())}

@@ -69,6 +69,26 @@ class TestSuiteTestCase(TestCase):
         root_handlers = [type(h).__name__ for h in logging.getLogger().handlers]
         self.assertNotIn("LogCapture", root_handlers, "the capture is removed after the test")
 
+    def test_a_class_directory_lasts_for_the_class_and_is_removed_after_it(self) -> None:
+        seen: Dict[str, Any] = {}
+
+        class Case(SuiteTestCase):
+            @classmethod
+            def setUpClass(cls) -> None:
+                super().setUpClass()
+                seen["directory"] = cls.class_directory("class_")
+
+            def test_a(self) -> None:
+                (seen["directory"] / "a").write_text("a")
+
+            def test_b(self) -> None:
+                assert (seen["directory"] / "a").exists(), "what test_a wrote is still there"
+
+        result = unittest.TestResult()
+        unittest.TestSuite([Case("test_a"), Case("test_b")]).run(result)
+        self.assertTrue(result.wasSuccessful(), result.failures)
+        self.assertFalse(seen["directory"].exists(), "removed after the class")
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -82,6 +82,13 @@ class SuiteTestCase(expecttest.TestCase):
             self.addCleanup(shutil.rmtree, self._tmp_path, ignore_errors=True)
         return self._tmp_path
 
+    @classmethod
+    def class_directory(cls, prefix: str) -> Path:
+        """A directory for the whole class (what its ``setUpClass`` builds), removed after it."""
+        directory = Path(tempfile.mkdtemp(prefix=prefix))
+        cls.addClassCleanup(shutil.rmtree, directory, ignore_errors=True)
+        return directory
+
 
 class ResumingTestCase(SuiteTestCase):
     """A TestCase whose tests resume in fresh processes: one ``contract.Resumer`` for the class
