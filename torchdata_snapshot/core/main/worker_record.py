@@ -83,7 +83,7 @@ class WorkerRecord:
         self.exhausted = True  # nothing to read before the first epoch
         self.restarts = 0  # replacements of the worker this epoch
         self._digests = ItemLog("Q")  # running digests
-        self._taken = ItemLog("q")  # sharding positions (see torchdata_snapshot.elastic.resume)
+        self._taken = ItemLog("q")  # sharding positions (what an elastic restore deals from)
         self._partial = ItemLog("q")  # and inside the last element (see _element_progress)
         self._states: Deque[CapturedState] = deque()
         # (position, packed FileOrigins): the files the items from the kept state on opened.
