@@ -664,6 +664,31 @@ def test_a_commit_that_only_deletes_code_needs_no_test_of_its_own(tmp_path: Path
     ]
 
 
+def test_a_docstring_names_what_a_later_pull_request_adds_as_a_literal(tmp_path: Path) -> None:
+    """A reference resolves at every commit: to a module not written yet it becomes a literal, to
+    a public name not exported yet it names the name's module, to upstream's it stays."""
+    loaded = tool("manifest").load()
+    writer = tool("series").SeriesWriter(tmp_path, loaded, tmp_path)
+    for commit in loaded.commits[:3]:  # to the messages' commit: the errors and the consumer come later
+        writer.begin(commit)
+    text = (
+        "See :mod:`torchdata.dataloader2.communication.consumer`, "
+        ":class:`~torchdata.dataloader2.WorkerSnapshot`, :exc:`torchdata.dataloader2.WorkerDiedError`, "
+        ":class:`torchdata.dataloader2.communication.messages.GetStateRequest` and "
+        ":class:`torchdata.datapipes.iter.Shuffler`."
+    )
+    assert writer.references(text) == (
+        "See ``torchdata.dataloader2.communication.consumer``, "
+        ":class:`~torchdata.dataloader2.worker_snapshot.WorkerSnapshot`, "
+        "``torchdata.dataloader2.WorkerDiedError``, "
+        ":class:`torchdata.dataloader2.communication.messages.GetStateRequest` and "
+        ":class:`torchdata.datapipes.iter.Shuffler`."
+    )
+    writer.written.update(m for c in loaded.commits for m in c.modules)
+    writer.exported.update(tool("manifest").public_name_modules())
+    assert writer.references(text) == text, "at the stack's tip every reference is there"
+
+
 def test_two_modules_share_a_file_only_when_both_merge_into_it() -> None:
     manifest, errors = tool("manifest"), tool("errors")
     loaded = manifest.load()

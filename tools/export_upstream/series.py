@@ -43,6 +43,9 @@ from rewrite import (
 )
 from splice import splice, target_of
 
+#: A Sphinx role naming a place of torchdata's tree by its dotted path.
+ROLE = re.compile(r":(?:mod|class|func|meth|attr|data|exc):`~?(torchdata\.[\w.]+)`")
+
 SUPPORTED = re.compile(r"^0\.(7\.1|8\.\d+|9\.\d+)$")
 
 #: The page the docs commit adds to torchdata's docs (written for them, kept in this repository).
@@ -119,6 +122,57 @@ class SeriesWriter:
         self.public = public_name_modules()
         self.written: Set[str] = set()  # the package's modules written so far
         self.exported: Set[str] = set()  # the public names torchdata.dataloader2 exports so far
+        self.exporting = False  # whether this commit exports the names of what it writes
+        self.by_path: Dict[str, List[str]] = {}
+        for module, placement in manifest.placements.items():
+            self.by_path.setdefault(placement.dotted, []).append(module)
+
+    def begin(self, commit: Commit) -> None:
+        """What ``commit`` adds counts as there for every file it writes (see :meth:`references`)."""
+        self.written.update(commit.modules)
+        self.exporting = commit.exports
+
+    def references(self, text: str) -> str:
+        """``text`` with each Sphinx role that names a place this commit's tree lacks (a module or a
+        name a later pull request adds) made a literal, and each public name not exported yet
+        named in its module: at every commit a docstring's references resolve."""
+
+        def resolved(match: re.Match[str]) -> str:
+            dotted = self._present(match.group(1))
+            if dotted is None:
+                return f"``{match.group(1)}``"
+            return match.group(0).replace(match.group(1), dotted)
+
+        return ROLE.sub(resolved, text)
+
+    def _present(self, dotted: str) -> Optional[str]:
+        """``dotted`` as it resolves in this commit's tree (a public name in its module until
+        torchdata.dataloader2 exports it), or None if it does not."""
+        parts = dotted.split(".")
+        if len(parts) == 3 and parts[:2] == ["torchdata", "dataloader2"] and parts[2] in self.public:
+            name, module = parts[2], self.public[parts[2]]
+            if name in self.exported or name == "MultiProcessingReadingService":
+                return dotted
+            if module not in self.written:
+                return None
+            if self.exporting and name not in self.manifest.not_reexported:
+                return dotted
+            return f"{self.manifest.placement(module).dotted}.{name}"
+        for n in range(len(parts), 1, -1):
+            modules = self.by_path.get(".".join(parts[:n]))
+            if modules is None:
+                continue
+            written = [m for m in modules if m in self.written]
+            if not self.manifest.placement(modules[0]).merge:
+                return dotted if written else None
+            if n == len(parts):
+                return dotted
+            path = self.checkout / self.manifest.placement(modules[0]).path
+            texts = [path.read_text() if path.is_file() else ""]
+            texts += [module_path(m).read_text() for m in written]
+            defined = re.compile(rf"^(?:class |def )?{re.escape(parts[n])}\b", re.M)
+            return dotted if any(defined.search(t) for t in texts) else None
+        return dotted
 
     def _write(self, relative: str, text: str) -> str:
         path = self.checkout / relative
@@ -129,7 +183,7 @@ class SeriesWriter:
     def module(self, module: str) -> str:
         placement = self.manifest.placement(module)
         self.written.add(module)
-        ours = rewrite(module_path(module).read_text(), self.manifest)
+        ours = self.references(rewrite(module_path(module).read_text(), self.manifest))
         target = self.checkout / placement.path
         if placement.merge:
             if not target.is_file():
@@ -372,6 +426,7 @@ def export(
 
 
 def _commit_files(writer: SeriesWriter, commit: Commit) -> List[str]:
+    writer.begin(commit)
     paths = [writer.delete(path) for path in commit.deletes]
     paths += [writer.edit(edit.path, edit.old, edit.new, edit.count) for edit in commit.edits]
     paths += [writer.module(module) for module in commit.modules]
