@@ -53,6 +53,13 @@ def tool(name: str) -> ModuleType:
     return importlib.import_module(name)
 
 
+MANIFEST = tool("manifest").load()
+#: The pull request that switches MultiProcessingReadingService over (its description is the
+#: design of the whole), and the last of the checkpointable core, before the optional features.
+SWITCH = next(k for k, pr in enumerate(MANIFEST.pull_requests, 1) if pr.description == "2-checkpointable.md")
+CORE = MANIFEST.core_pull_requests
+
+
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
 
@@ -181,6 +188,16 @@ def test_the_manifest_refuses_a_module_exported_before_what_it_imports() -> None
         manifest.check(type(loaded)(**{**loaded.__dict__, "commits": early}))
 
 
+def test_the_optional_pull_requests_come_after_the_core() -> None:
+    manifest = tool("manifest")
+    loaded = manifest.load()
+    assert [pr.optional for pr in loaded.pull_requests][CORE - 1 : CORE + 1] == [False, True]
+    first, *rest = loaded.pull_requests
+    swapped = (rest[-1], *rest[:-1], first)  # the tensor pool's first, the RFC's last
+    with pytest.raises(tool("errors").ManifestError, match="optional pull requests come after the core's"):
+        manifest.check(replace(loaded, pull_requests=swapped))
+
+
 @series_test
 def test_the_series_has_the_shape_a_reviewer_asked_for(series: Path) -> None:
     check = tool("check")
@@ -205,7 +222,8 @@ def test_the_series_is_a_stack_of_pull_requests_the_rfc_first(series: Path) -> N
     check = tool("check")
     report = check.Report()
     check.check_stack(series, TAG, stack, manifest.max_pull_request_lines, report)
-    assert [p for p in report.problems if "pull request 1 " in p] == [], "the RFC fits in one review"
+    assert report.problems == [], "the RFC fits in one review, and every other pull request in 3,000 lines"
+    assert len(stack) >= 4 and 0 < SWITCH <= CORE < len(stack)
     assert git(series, "rev-parse", stack[-1]) == git(series, "rev-parse", "series")
     for below, above in zip([TAG, *stack], stack):
         assert (
@@ -254,8 +272,9 @@ FEATURES = [
 
 @series_test
 def test_the_checkpointable_pull_request_resumes_without_the_optional_features(series: Path) -> None:
-    """At PR 2's tip none of the optional features' modules exists: an epoch resumes exactly, the
-    pool's default quietly means off, and asking for a feature is refused naming its module."""
+    """At the tip of the core's last pull request none of the optional features' modules exists:
+    an epoch resumes exactly, the pool's default quietly means off, and asking for a feature is
+    refused naming its module."""
     code = (
         "import importlib.util, torchdata.dataloader2 as d\n"
         "from torchdata.datapipes.iter import IterableWrapper\n"
@@ -275,7 +294,7 @@ def test_the_checkpointable_pull_request_resumes_without_the_optional_features(s
         "    else:\n"
         "        raise AssertionError(f'{option} was not refused')\n"
     )
-    done = run_at(series, "series-2", code)
+    done = run_at(series, f"series-{CORE}", code)
     assert done.returncode == 0, done.stderr[-3000:]
     for _, _, module in FEATURES:
         assert (series / (module.replace(".", "/") + ".py")).is_file(), f"{module} at the stack's tip"
@@ -324,7 +343,7 @@ DOTTED_REFERENCE = re.compile(r":(?:mod|class|func|meth|attr|data|exc):`~?(torch
 
 
 @series_test
-@pytest.mark.parametrize("pr", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("pr", range(1, len(MANIFEST.pull_requests) + 1))
 def test_at_each_pull_requests_tip_the_docstrings_name_places_that_exist(series: Path, pr: int) -> None:
     """A docstring of the core names the plug-in interface, not a feature's module that a later
     pull request adds: every dotted reference the stack has added so far resolves."""
@@ -332,7 +351,7 @@ def test_at_each_pull_requests_tip_the_docstrings_name_places_that_exist(series:
     diff = git(series, "diff", f"{TAG}..{tip}", "--", "torchdata").splitlines()
     added = "\n".join(line for line in diff if line.startswith("+"))
     references = sorted(set(DOTTED_REFERENCE.findall(added)))
-    assert len(references) >= (1 if pr == 1 else 40), references
+    assert len(references) >= (40 if pr >= SWITCH else 1), references
     code = (
         "import importlib, sys\n"
         "unresolved = []\n"
@@ -430,7 +449,7 @@ QUEUE_LOOP = ["eventloop", "iter", "map", "protocol", "queue"]
 
 
 @series_test
-@pytest.mark.parametrize("tip", ["series-2", "series"])
+@pytest.mark.parametrize("tip", [f"series-{SWITCH}", "series"])
 def test_the_queue_based_loop_is_gone_and_what_used_it_still_works(series: Path, tip: str) -> None:
     git(series, "checkout", "-q", tip)
     try:

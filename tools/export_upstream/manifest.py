@@ -96,11 +96,15 @@ class Commit:
 @dataclass(frozen=True)
 class PullRequest:
     """One pull request of the stack: the next ``commits`` commits, described by ``description``
-    (a file of ``prs/``, a template of the PR's text) under ``title``."""
+    (a file of ``prs/``, a template of the PR's text) under ``title``. ``summary`` is what it adds,
+    for a template that several pull requests share; ``optional``, a feature maintainers may take
+    or leave (the pull requests before the first optional one are the checkpointable core)."""
 
     title: str
     commits: int
     description: str
+    summary: str = ""
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,11 @@ class Manifest:
 
     def test_name(self, file: str) -> str:
         return self.test_renames.get(file, file)
+
+    @property
+    def core_pull_requests(self) -> int:
+        """How many pull requests come before the optional ones: the checkpointable core."""
+        return sum(not pr.optional for pr in self.pull_requests)
 
 
 def _test_part(spec: str) -> TestPart:
@@ -375,6 +384,9 @@ def _check_pull_requests(manifest: Manifest) -> None:
             f"[[pr]]: the pull requests hold {sum(pr.commits for pr in manifest.pull_requests)} "
             f"commits, the series has {len(manifest.commits)}"
         )
+    optional = [pr.optional for pr in manifest.pull_requests]
+    if optional != sorted(optional):
+        raise ManifestError("[[pr]]: the optional pull requests come after the core's")
     for pr in manifest.pull_requests:
         if not (PULL_REQUESTS_DIR / pr.description).is_file():
             raise ManifestError(f"[[pr]] {pr.title!r}: no description {PULL_REQUESTS_DIR / pr.description}")

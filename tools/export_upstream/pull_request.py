@@ -34,6 +34,13 @@ def _listing(checkout: Path, commits: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def _tests(checkout: Path, commits: Sequence[str]) -> str:
+    """The test files ``commits`` add or change that still exist at their tip, for a test plan."""
+    names = _git(checkout, "diff", "--name-only", "--diff-filter=AM", f"{commits[0]}^", commits[-1])
+    tests = [p for p in names.splitlines() if p.startswith("test/") and Path(p).name.startswith("test_")]
+    return " \\\n    ".join(tests) or "test/dataloader2"
+
+
 def write_pull_requests(checkout: Path, branch: str, commits: List[str], manifest: Manifest) -> List[Path]:
     """Write ``PR-k.md`` beside ``checkout`` for each pull request of the stack; their paths."""
     prs = manifest.pull_requests
@@ -59,6 +66,8 @@ def write_pull_requests(checkout: Path, branch: str, commits: List[str], manifes
             "{{STACK}}": stack,
             "{{NEXT}}": following,
             "{{BENCHMARKS}}": benchmark_table(),
+            "{{SUMMARY}}": pr.summary.strip(),
+            "{{TESTS}}": _tests(checkout, mine),
         }
         text = (PULL_REQUESTS_DIR / pr.description).read_text()
         for placeholder, value in replacements.items():
