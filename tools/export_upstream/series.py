@@ -46,6 +46,10 @@ from splice import splice, target_of
 #: A Sphinx role naming a place of torchdata's tree by its dotted path.
 ROLE = re.compile(r":(?:mod|class|func|meth|attr|data|exc):`~?(torchdata\.[\w.]+)`")
 
+#: The ``__all__`` list of a module's source, and a name in it.
+ALL_LIST = re.compile(r"__all__ = \[(.*?)\]", re.S)
+ALL_NAME = re.compile(r'"([A-Za-z_][A-Za-z0-9_]*)"')
+
 SUPPORTED = re.compile(r"^0\.(7\.1|8\.\d+|9\.\d+)$")
 
 #: The page the docs commit adds to torchdata's docs (written for them, kept in this repository).
@@ -121,7 +125,10 @@ class SeriesWriter:
         self.test_dir = checkout / manifest.test_destination
         self.public = public_name_modules()
         self.written: Set[str] = set()  # the package's modules written so far
-        self.exported: Set[str] = set()  # the public names torchdata.dataloader2 exports so far
+        init = checkout / "torchdata/dataloader2/__init__.py"
+        listed = ALL_LIST.search(init.read_text()) if init.is_file() else None
+        # the public names torchdata.dataloader2 exports so far: upstream's (the reading service)
+        self.exported: Set[str] = set(ALL_NAME.findall(listed.group(1))) if listed else set()
         self.exporting = False  # whether this commit exports the names of what it writes
         self.by_path: Dict[str, List[str]] = {}
         for module, placement in manifest.placements.items():
@@ -151,13 +158,12 @@ class SeriesWriter:
         parts = dotted.split(".")
         if len(parts) == 3 and parts[:2] == ["torchdata", "dataloader2"] and parts[2] in self.public:
             name, module = parts[2], self.public[parts[2]]
-            if name in self.exported or name == "MultiProcessingReadingService":
+            if name in self.exported:
                 return dotted
             if module not in self.written:
                 return None
-            if self.exporting and name not in self.manifest.not_reexported:
-                return dotted
-            return f"{self.manifest.placement(module).dotted}.{name}"
+            # rewrite() names torchdata.dataloader2 only for the names it re-exports
+            return dotted if self.exporting else f"{self.manifest.placement(module).dotted}.{name}"
         for n in range(len(parts), 1, -1):
             modules = self.by_path.get(".".join(parts[:n]))
             if modules is None:
@@ -270,10 +276,10 @@ class SeriesWriter:
             )
         imports = [_import_statement(module, names) for module, names in sorted(by_module.items())]
         source = source.replace(anchor, anchor + "\n".join(imports) + "\n", 1)
-        match = re.search(r"__all__ = \[(.*?)\]", source, re.S)
+        match = ALL_LIST.search(source)
         if match is None:
             raise UpstreamLayoutError("torchdata/dataloader2/__init__.py has no __all__ list")
-        names = sorted(set(re.findall(r'"([A-Za-z_][A-Za-z0-9_]*)"', match.group(1))) | set(exports))
+        names = sorted(set(ALL_NAME.findall(match.group(1))) | set(exports))
         listing = "__all__ = [\n" + "".join(f'    "{name}",\n' for name in names) + "]"
         init.write_text(source[: match.start()] + listing + source[match.end() :])
         return "torchdata/dataloader2/__init__.py"
