@@ -16,7 +16,7 @@ from torchdata_snapshot.checkpoint.format import WorkerPosition
 from torchdata_snapshot.core.main.consumer import WorkerConsumer, credit_window
 from torchdata_snapshot.core.options import BatchingOptions, WorkerOptions
 from torchdata_snapshot.core.transport.channel import make_pipe_pair
-from torchdata_snapshot.core.worker.loop import WorkerLoop
+from torchdata_snapshot.core.worker.entry import installed_loop
 
 
 class Running:
@@ -34,7 +34,7 @@ class Running:
         for worker_id, dp in enumerate(datapipes):
             channel, endpoint, _ = make_pipe_pair()
             options = WorkerOptions(batching=BatchingOptions(max_items=max_items, max_delay_s=max_delay_s))
-            loop = WorkerLoop(dp, endpoint, WorkerInfo(len(datapipes), worker_id), options=options)
+            loop = installed_loop()(dp, endpoint, WorkerInfo(len(datapipes), worker_id), options=options)
             thread = threading.Thread(target=loop.run, daemon=True)
             thread.start()
             channels.append(channel.bind(f"worker {worker_id}"))

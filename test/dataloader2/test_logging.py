@@ -21,10 +21,10 @@ from torchdata.datapipes.iter import FileLister, IterableWrapper
 import torchdata_snapshot
 from torchdata_snapshot import ChangedFileError, IncompatibleCheckpointError, ReplayDivergenceError
 from torchdata_snapshot.checkpoint import replay as _replay
+from torchdata_snapshot.checkpoint import worker_loop as _replaying
 from torchdata_snapshot.checkpoint.format import Checkpoint
 from torchdata_snapshot.checkpoint.replay import ReplayProgressLog
 from torchdata_snapshot.core.main import outlet as _outlet
-from torchdata_snapshot.core.worker import loop as _worker
 
 PACKAGE = "torchdata_snapshot"
 
@@ -148,7 +148,7 @@ class TestLogging(SuiteTestCase):
         dl = self.make_dl(tiny(40), rs(1, stateful=False, multiprocessing_context=context))
         take(iter(dl), 30)
         state = dl.state_dict()
-        self.monkeypatch.setattr(_worker, "REPLAY_HEARTBEAT_S", 0.0)  # a progress message after every item
+        self.monkeypatch.setattr(_replaying, "REPLAY_HEARTBEAT_S", 0.0)  # a progress message after every item
         self.monkeypatch.setattr(_replay, "REPLAY_PROGRESS_LOG_S", 0.0)  # and every one of them logged
         self.caplog.set_level(logging.INFO, logger=PACKAGE)
         dl2 = restored(self.make_dl, state, rs(1, stateful=False, multiprocessing_context=context))

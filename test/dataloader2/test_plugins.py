@@ -26,6 +26,8 @@ FEATURES: Dict[str, List[str]] = {
     "healing": ["replacer"],
     "tensor_pool": ["tensor_pool"],
 }
+#: The fields the package's own folders fill: always installed.
+BUILT_IN = {"graph_state": ["worker_loop"]}
 
 #: The option of the reading service that asks for each feature, and a value that does.
 OPTIONS = {"elastic": "elastic", "healing": "restart_dead_workers", "tensor_pool": "tensor_pool"}
@@ -100,7 +102,8 @@ def test_without_a_feature_folder_the_package_runs_and_refuses_only_that_feature
     tmp_path: Path, folder: str
 ) -> None:
     out = run_without(tmp_path, [folder])
-    kept = sorted(field for other, fields in FEATURES.items() if other != folder for field in fields)
+    found = {**FEATURES, **BUILT_IN}
+    kept = sorted(field for other, fields in found.items() if other != folder for field in fields)
     assert out[:3] == [f"installed {kept}", "epoch True", "resume True"]
     assert out[3] == f"elastic names {folder != 'elastic'}"
     # The pool is on by default where it can be: without its folder the default quietly means off.
@@ -113,13 +116,14 @@ def test_without_a_feature_folder_the_package_runs_and_refuses_only_that_feature
 
 def test_without_every_feature_folder_the_package_runs(tmp_path: Path) -> None:
     out = run_without(tmp_path, sorted(FEATURES))
-    assert out[:4] == ["installed []", "epoch True", "resume True", "elastic names False"]
+    assert out[:4] == ["installed ['worker_loop']", "epoch True", "resume True", "elastic names False"]
     assert out[4] == "pool by default False False"
     assert [line.split()[1] for line in out[5:]] == [OPTIONS[folder] for folder in sorted(FEATURES)]
 
 
 def test_each_feature_is_found_where_the_core_looks_for_it() -> None:
-    assert sorted(plugins.FEATURES) == sorted(field for fields in FEATURES.values() for field in fields)
+    found = {**FEATURES, **BUILT_IN}
+    assert sorted(plugins.FEATURES) == sorted(field for fields in found.values() for field in fields)
     for field, (module, name) in plugins.FEATURES.items():
-        assert field in FEATURES[module.split(".")[1]], f"{module} is not the folder of {field}"
+        assert field in found[module.split(".")[1]], f"{module} is not the folder of {field}"
         assert getattr(plugins.installed(), field) is getattr(importlib.import_module(module), name)

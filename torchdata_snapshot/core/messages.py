@@ -302,7 +302,7 @@ class ItemsResponse(Response):
 class StateMarkResponse(Response):
     """The state of the worker's whole graph right after it produced its ``position``-th item of
     epoch ``epoch`` (see :mod:`torchdata_snapshot.graph_state.graph_state`), sent right behind that item; how
-    often is paced by the worker (see ``WorkerLoop._capture_state``)."""
+    often is paced by the worker (see ``StatefulWorkerLoop._after_item``)."""
 
     epoch: int
     position: int

@@ -1,11 +1,12 @@
 """The optional features the core can use, through small typed interfaces the core owns.
 
 Self-healing, elastic resume and the tensor pool are modules of their own (``FEATURES`` names
-them): the core and the checkpoint import none of them. The core asks :func:`installed` for a
-feature where it plugs in, and finds it by its module's name, imported the first time it is asked
-for. Without a feature's module the package works as it does with the feature's option off;
-asking for the option raises ``ValueError`` naming the missing module (see the docs' design
-page).
+them): the core and the checkpoint import none of them. So is the worker loop that restores (by
+replay and from captured states), which extends the core's streaming loop. The core asks
+:func:`installed` for a feature where it plugs in, and finds it by its module's name, imported
+the first time it is asked for. Without a feature's module the package works as it does with the
+feature's option off; asking for the option raises ``ValueError`` naming the missing module (see
+the docs' design page).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import importlib
 import importlib.util
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Protocol, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Protocol, Tuple, Type
 
 if TYPE_CHECKING:
     from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from torchdata_snapshot.core.options import TensorPoolOptions
     from torchdata_snapshot.core.transport.channel import Channel
     from torchdata_snapshot.core.transport.item_codec import ItemPool
+    from torchdata_snapshot.core.worker.loop import WorkerLoop
     from torchdata_snapshot.graph_state.graph_state import GraphState
 
 __all__ = [
@@ -117,6 +119,9 @@ class Plugins:
     #: (``tensor_pool``: on by default where the platform has it), made in the main process
     #: before the worker starts.
     tensor_pool: Optional[TensorPoolFeature] = None
+    #: Checkpoints: the worker loop that also restores, by replay and from captured graph states
+    #: (a subclass of the core's ``WorkerLoop``, which only streams).
+    worker_loop: Optional[Type[WorkerLoop]] = None
 
 
 #: Each field of ``Plugins``: the module that offers it and the name it has there.
@@ -125,6 +130,7 @@ FEATURES: Dict[str, Tuple[str, str]] = {
     "elastic_start": ("torchdata_snapshot.elastic.planner", "elastic_start"),
     "elastic_worker": ("torchdata_snapshot.elastic.worker", "ShardingProgress"),
     "tensor_pool": ("torchdata_snapshot.tensor_pool.pool", "TensorPool"),
+    "worker_loop": ("torchdata_snapshot.graph_state.worker_loop", "StatefulWorkerLoop"),
 }
 
 

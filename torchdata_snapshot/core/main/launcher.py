@@ -26,7 +26,7 @@ from torchdata_snapshot.core.options import TensorPoolOptions, WorkerOptions
 from torchdata_snapshot.core.plugins import own_process_start, require
 from torchdata_snapshot.core.transport.channel import Channel, describe_exit, make_pipe_pair, process_exit
 from torchdata_snapshot.core.worker.dispatcher import run_dispatcher
-from torchdata_snapshot.core.worker.loop import run_worker
+from torchdata_snapshot.core.worker.entry import run_worker
 from torchdata_snapshot.graph_state.state_functions import StateFunctions
 from torchdata_snapshot.graph_state.worker_states import carried_state_functions
 
@@ -128,8 +128,8 @@ class ProcessLauncher:
             self.options,
             dispatcher_link,
             dispatcher_pid,
-            self._state_functions,
             pool,
+            {"state_functions": self._state_functions},
         )
         process = self.ctx.Process(
             target=run_worker, args=args, name=f"DataLoader2 worker {worker_id}", daemon=True
