@@ -19,9 +19,13 @@ pytestmark = pytest.mark.skipif(
 
 
 def signalled(ignore: bool, signum: int) -> subprocess.CompletedProcess:
-    """A fresh Python that sends itself ``signum`` (after ``ignore_job_signals()`` if ``ignore``)."""
+    """A fresh Python that sends itself ``signum`` (after ``ignore_job_signals()`` if ``ignore``).
+    It starts from Python's own handling of both signals, whatever the suite inherited (a shell
+    starts a background job with SIGINT ignored, and Python then leaves it ignored)."""
     code = (
         "import os, signal\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
         f"from {ignore_job_signals.__module__} import ignore_job_signals\n"
         f"{'ignore_job_signals()' if ignore else 'pass'}\n"
         f"os.kill(os.getpid(), {int(signum)})\n"
