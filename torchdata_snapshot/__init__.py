@@ -31,10 +31,8 @@ from torchdata_snapshot._errors import (
     WorkerTimeoutError,
 )
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
-from torchdata_snapshot.core.load_state import load_state_dict
 from torchdata_snapshot.core.options import BatchingOptions
 from torchdata_snapshot.core.reading_service import MultiProcessingReadingService
-from torchdata_snapshot.graph_state.state_functions import register_state_functions
 
 __version__ = "0.1.0"
 
@@ -57,15 +55,36 @@ __all__ = [
     "WorkerError",
     "WorkerSnapshot",
     "WorkerTimeoutError",
-    "load_state_dict",
-    "register_state_functions",
 ]
 
-try:  # elastic resume is optional: without its folder the package has no elastic names
+# The layers above the core and the optional features plug in (see torchdata_snapshot.core.plugins):
+# without a folder, the package has none of its names.
+
+
+def _missing(error: ModuleNotFoundError, folder: str) -> bool:
+    """Whether ``error`` is ``folder`` missing (else it is raised: a module it needs is)."""
+    return error.name == f"torchdata_snapshot.{folder}"
+
+
+try:
+    from torchdata_snapshot.checkpoint.load_state import load_state_dict
+except ModuleNotFoundError as e:
+    if not _missing(e, "checkpoint"):
+        raise
+else:
+    __all__ += ["load_state_dict"]
+try:
+    from torchdata_snapshot.graph_state.state_functions import register_state_functions
+except ModuleNotFoundError as e:
+    if not _missing(e, "graph_state"):
+        raise
+else:
+    __all__ += ["register_state_functions"]
+try:
     from torchdata_snapshot.elastic.resume import gather_elastic_state, register_elastic
-except ModuleNotFoundError as e:  # the package without elastic/ (see torchdata_snapshot.core.plugins)
-    if e.name != "torchdata_snapshot.elastic":
+except ModuleNotFoundError as e:
+    if not _missing(e, "elastic"):
         raise
 else:
     __all__ += ["gather_elastic_state", "register_elastic"]
-    __all__.sort()
+__all__.sort()

@@ -1,73 +1,16 @@
 """WorkerConsumer: round-robin order, credit, exact counts, epochs — workers run as threads."""
 
-import threading
 import unittest
-from typing import Any, Iterator, List, Sequence, Tuple
+from typing import Any
 
 import pytest
+from running_consumer import Running, round_robin
 from suite_case import SuiteTestCase
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
-from torchdata.dataloader2.random import SeedGenerator
-from torchdata.dataloader2.utils import WorkerInfo
 from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
 
 from torchdata_snapshot._errors import ReadingServiceClosedError
-from torchdata_snapshot.checkpoint.format import WorkerPosition
-from torchdata_snapshot.core.main.consumer import WorkerConsumer, credit_window
-from torchdata_snapshot.core.options import BatchingOptions, WorkerOptions
-from torchdata_snapshot.core.transport.channel import make_pipe_pair
-from torchdata_snapshot.core.worker.entry import installed_loop
-
-
-class Running:
-    """A consumer over in-process worker loops, each running in its own thread."""
-
-    def __init__(
-        self,
-        datapipes: Sequence[IterDataPipe],
-        window: int = 3,
-        max_items: int = 64,
-        max_delay_s: float = 0.001,
-        positions: Any = None,
-    ) -> None:
-        channels, self.loops, self.threads = [], [], []
-        for worker_id, dp in enumerate(datapipes):
-            channel, endpoint, _ = make_pipe_pair()
-            options = WorkerOptions(batching=BatchingOptions(max_items=max_items, max_delay_s=max_delay_s))
-            loop = installed_loop()(dp, endpoint, WorkerInfo(len(datapipes), worker_id), options=options)
-            thread = threading.Thread(target=loop.run, daemon=True)
-            thread.start()
-            channels.append(channel.bind(f"worker {worker_id}"))
-            self.loops.append(loop)
-            self.threads.append(thread)
-        self.consumer = WorkerConsumer(
-            channels, window, control_timeout_s=30, data_timeout_s=30, positions=positions
-        )
-        self.epoch = -1
-
-    def start_epoch(self, seed: int = 0) -> Iterator[Any]:
-        self.epoch += 1
-        seeds = [SeedGenerator(seed).spawn(i) for i in range(len(self.loops))]
-        self.consumer.reset_epoch(self.epoch, seeds, None)
-        self.consumer.start_epoch()
-        return iter(self.consumer)
-
-    def close(self) -> None:
-        self.consumer.request_terminate(timeout_s=10)
-        for thread in self.threads:
-            thread.join(10)
-            assert not thread.is_alive()
-
-
-def round_robin(streams: Sequence[Sequence[Any]]) -> List[Any]:
-    """The contract's order: one item per live worker in turn, ended workers skipped."""
-    out, positions = [], [0] * len(streams)
-    while any(p < len(s) for p, s in zip(positions, streams)):
-        for i, s in enumerate(streams):
-            if positions[i] < len(s):
-                out.append(s[positions[i]])
-                positions[i] += 1
-    return out
+from torchdata_snapshot.core.main.consumer import credit_window
 
 
 class Counting(IterDataPipe):
@@ -85,15 +28,6 @@ def _fail_at_3(x: int) -> int:
     if x == 3:
         raise ValueError(f"bad sample {x}")
     return x
-
-
-def positions_after(streams: Sequence[Sequence[Any]], k: int) -> Tuple[List[WorkerPosition], int]:
-    """Where the round-robin over ``streams`` stands after handing out ``k`` items."""
-    order = [worker_id for worker_id, _ in round_robin([[(i, x) for x in s] for i, s in enumerate(streams)])]
-    taken = order[:k]
-    delivered = [taken.count(i) for i in range(len(streams))]
-    next_worker = (taken[-1] + 1) % len(streams) if taken else 0
-    return [WorkerPosition(d) for d in delivered], next_worker
 
 
 class TestConsumer(SuiteTestCase):
@@ -196,20 +130,8 @@ class TestConsumer(SuiteTestCase):
         ((_, (consumer, grand_parents)),) = parents.items()
         assert consumer is r.consumer and grand_parents == {}
 
-    @parametrize("k", [0, 1, 4, 9, 12, 13])
-    def test_a_replayed_restore_continues_the_order_exactly(self, k: int) -> None:  # type: ignore[no-untyped-def]
-        streams = [list(range(0, 6)), list(range(100, 102)), list(range(200, 205))]
-        expected = round_robin(streams)
-        r = self.running([IterableWrapper(s) for s in streams], window=2, max_items=2)
-        positions, next_worker = positions_after(streams, k)
-        r.epoch += 1
-        r.consumer.reset_epoch(r.epoch, [SeedGenerator(0)] * 3, None)
-        r.consumer.replay(positions, next_worker)
-        r.consumer.start_epoch()
-        assert list(r.consumer) == expected[k:]
-
     def test_every_item_handed_on_names_its_worker_for_the_users_position(self) -> None:
-        from torchdata_snapshot.checkpoint.positions import UserPositions
+        from torchdata_snapshot.core.main.positions import UserPositions
 
         positions = UserPositions(2)
         r = self.running([IterableWrapper([1, 2, 3]), IterableWrapper([10])], positions=positions)
@@ -218,19 +140,6 @@ class TestConsumer(SuiteTestCase):
         for _ in range(3):  # the outlet delivers what was handed on, in order
             positions.deliver_one()
         assert positions.delivered == [2, 1] and positions.last_worker == 0 and positions.next_worker == 1
-
-    def test_the_running_digest_is_known_at_every_position_the_user_may_reach(self) -> None:
-        from torchdata_snapshot.checkpoint.digest import CHAIN_START, chain, chain_hex
-        from torchdata_snapshot.checkpoint.positions import UserPositions
-
-        # The user's position stays at 0 (no outlet delivers): nothing may be dropped yet.
-        r = self.running([IterableWrapper(range(10))], window=16, max_items=3, positions=UserPositions(1))
-        assert list(r.start_epoch()) == list(range(10))
-        value = CHAIN_START
-        assert r.consumer.position(0, 0).digest is None, "nothing received, nothing to check"
-        for position in range(1, 11):
-            value = chain(value, position - 1)
-            assert r.consumer.position(0, position).digest == chain_hex(value)
 
 
 instantiate_parametrized_tests(TestConsumer)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import threading
 import unittest
+import warnings
 from typing import Any, Callable, List, Tuple
 
 import numpy
@@ -18,9 +19,10 @@ from suite_case import SuiteTestCase
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torchdata.dataloader2 import DataLoader2
+from torchdata.dataloader2.reading_service import MultiProcessingReadingService as TorchdataMPRS
 from torchdata.datapipes.iter import IterableWrapper
 
-import torchdata_snapshot.core.main.outlet as outlet_module
+import torchdata_snapshot.checkpoint.outlet as outlet_module
 from torchdata_snapshot._constants import READ_AHEAD_ITEMS
 
 
@@ -310,6 +312,23 @@ class TestDataloader2Semantics(SuiteTestCase):
         assert CALLS[0] == 1
         for k, item in enumerate(it, start=1):
             assert (item, CALLS[0]) == (k, k + 1)
+
+    @parametrize("read_ahead", [False, True])
+    def test_num_workers_0_yields_torchdatas_items_for_the_same_seed(self, read_ahead: bool) -> None:
+        """Shuffles before and after the sharding filter, seeded as torchdata's reading service
+        seeds them in this process: the same items, epoch after epoch."""
+
+        def graph() -> Any:
+            return IterableWrapper(range(50)).shuffle().sharding_filter().shuffle().batch(3)
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Please use `InProcessReadingService`")
+            theirs = self.make_dl(graph(), TorchdataMPRS(num_workers=0))
+        ours = self.make_dl(graph(), rs(0, read_ahead=read_ahead))
+        for dl in (theirs, ours):
+            dl.seed(11)
+        epochs = [list(theirs) for _ in range(3)]
+        assert [list(ours) for _ in range(3)] == epochs and epochs[0] != epochs[1] != epochs[2]
 
     def test_num_workers_0_sees_what_the_training_loop_set_before_asking_for_the_item(self) -> None:
         global CURRICULUM_LEVEL

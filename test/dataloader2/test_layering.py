@@ -73,7 +73,7 @@ def test_no_module_imports_a_module_that_imports_it_back() -> None:
 
     for module in graph:
         visit(module, [])
-    above = {"__init__", "core.load_state"}  # load_state_dict loads into the service's DataLoader2
+    above = {"__init__", "checkpoint.load_state"}  # load_state_dict loads into the service's DataLoader2
     assert "core.reading_service" not in set().union(*(graph[m] for m in graph if m not in above)), (
         "only the package's __init__ and load_state_dict import the reading service"
     )

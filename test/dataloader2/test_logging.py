@@ -24,7 +24,7 @@ from torchdata_snapshot.checkpoint import replay as _replay
 from torchdata_snapshot.checkpoint import worker_loop as _replaying
 from torchdata_snapshot.checkpoint.format import Checkpoint
 from torchdata_snapshot.checkpoint.replay import ReplayProgressLog
-from torchdata_snapshot.core.main import outlet as _outlet
+from torchdata_snapshot.checkpoint import outlet as _outlet
 
 PACKAGE = "torchdata_snapshot"
 
@@ -70,7 +70,7 @@ class TestLogging(SuiteTestCase):
         dl2 = restored(self.make_dl, state, rs(2, stateful=False))
         assert len(list(dl2)) == 35
         record = next(r for r in records(self.caplog) if "restored epoch" in r.getMessage())
-        assert record.name == "torchdata_snapshot.core.session" and record.levelno == logging.INFO
+        assert record.name == "torchdata_snapshot.checkpoint.session" and record.levelno == logging.INFO
         m = re.fullmatch(
             r"restored epoch 0 at item 25 \(2 workers\) by replay: (\d+) items replayed, in (\d+\.\d+) s",
             record.getMessage(),
@@ -103,7 +103,7 @@ class TestLogging(SuiteTestCase):
         dl2 = restored(self.make_dl, state, rs(0))
         assert len(list(dl2)) == 18
         record = next(r for r in records(self.caplog) if "restored epoch" in r.getMessage())
-        assert record.name == "torchdata_snapshot.core.main.outlet"
+        assert record.name == "torchdata_snapshot.checkpoint.outlet"
         assert re.fullmatch(
             r"restored epoch 0 at item 12 by replay in the main process: 12 items replayed, in \d+\.\d+ s",
             record.getMessage(),

@@ -9,7 +9,7 @@ import unittest
 from typing import List, Tuple
 
 import psutil
-from pipelines import started_runtime
+from pipelines import started_session
 from suite_case import SuiteTestCase
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import IterableWrapper
@@ -28,8 +28,8 @@ def _children() -> List[psutil.Process]:
 
 def _start_epoch(running: Running, epoch: int = 0) -> Outlet:
     runtime, outlet = running
-    runtime.start_epoch(outlet, epoch, SeedGenerator(7), None, None)
-    outlet.start_epoch_at(epoch, None)
+    runtime.start_epoch(outlet, epoch, SeedGenerator(7), None)
+    outlet.start_epoch(epoch)
     return outlet
 
 
@@ -43,7 +43,8 @@ class RuntimeTests:
     def running(self) -> Running:
         """The runtime and its outlet, shut down after the test, leaving no process behind."""
         before = {p.pid for p in _children()}
-        runtime, outlet = started_runtime(IterableWrapper(range(10)).sharding_filter(), self.num_workers)
+        session = started_session(IterableWrapper(range(10)).sharding_filter(), self.num_workers)
+        runtime, outlet = session.runtime, session.outlet
 
         def shut_down() -> None:
             runtime.shutdown(5.0)

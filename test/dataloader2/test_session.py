@@ -1,34 +1,27 @@
-"""A session on its own: the epochs of a running graph, the checkpoint at the user's position,
-a planned restore resumed by the next epoch, pause and snapshot; without DataLoader2."""
+"""The core's session on its own: the epochs of a running graph, pause and snapshot, and no
+checkpoint to take or restore; without DataLoader2."""
 
 from __future__ import annotations
 
 import unittest
-from typing import Any, List, Optional
+import warnings
+from typing import Any, List
 
-from pipelines import started_runtime
+from pipelines import started_session
 from suite_case import SuiteTestCase
+from torchdata.dataloader2 import DataLoader2
 from torchdata.dataloader2.random import SeedGenerator
+from torchdata.dataloader2.reading_service import MultiProcessingReadingService as TorchdataMPRS
 from torchdata.datapipes.iter import IterableWrapper
 
-from torchdata_snapshot._constants import NO_EPOCH
-from torchdata_snapshot.checkpoint.format import Checkpoint
-from torchdata_snapshot.checkpoint.identity import graph_identity
-from torchdata_snapshot.checkpoint.restore_plan import PendingRestore, plan_restore
-from torchdata_snapshot.checkpoint.seeds import seed_state
-from torchdata_snapshot.core.session import Session, checkpoint_before_start
+from torchdata_snapshot._errors import ReadingServiceError
+from torchdata_snapshot.core.session import Session
 
 SIZE = 20
 
 
 def graph() -> Any:
     return IterableWrapper(range(SIZE)).shuffle().sharding_filter()
-
-
-def start(num_workers: int, epoch: int = NO_EPOCH, pending: Optional[PendingRestore] = None) -> Session:
-    datapipe = graph()
-    runtime, outlet = started_runtime(datapipe, num_workers)
-    return Session(runtime, outlet, num_workers, graph_identity(datapipe), (1, 0), epoch, pending)
 
 
 class SessionTests:
@@ -42,61 +35,33 @@ class SessionTests:
         self.sessions: List[Session] = []  # shut down after the test
         self.addCleanup(lambda: [session.runtime.shutdown(5.0) for session in self.sessions])
 
-    def test_before_any_epoch_the_checkpoint_has_no_position(self) -> None:
-        session = start(self.num_workers)
+    def start(self) -> Session:
+        session = started_session(graph(), self.num_workers)
         self.sessions.append(session)
-        state = session.checkpoint()
-        assert (
-            state["epoch"] == NO_EPOCH
-            and state["delivered"] == 0
-            and len(state["workers"]) == self.num_workers
-        )
-        assert checkpoint_before_start(self.num_workers)["epoch"] == NO_EPOCH
+        return session
 
-    def test_an_epoch_records_its_seeds_and_advances_the_generator(self) -> None:
-        session = start(self.num_workers)
-        self.sessions.append(session)
-        generator = SeedGenerator(7)
-        at_start = seed_state(generator)
-        session.start_epoch(generator, None)
-        assert session.epoch == 0 and session.epoch_seed == at_start
-        assert seed_state(generator) != at_start, "the next epoch gets other seeds"
-        assert sorted(session.outlet) == list(range(SIZE))
-        assert session.checkpoint()["status"] == "finished"
+    def test_each_epoch_yields_the_whole_graph_once(self) -> None:
+        session = self.start()
+        for epoch in range(2):
+            session.start_epoch(SeedGenerator(7), None)
+            assert session.epoch == epoch
+            assert sorted(session.outlet) == list(range(SIZE))
+            assert session.outlet.finished and session.outlet.delivered == SIZE
 
-    def test_the_checkpoint_records_what_the_user_received(self) -> None:
-        session = start(self.num_workers)
-        self.sessions.append(session)
+    def test_it_takes_no_checkpoint_and_restores_none(self) -> None:
+        assert Session.before_start(self.num_workers) is None
+        session = self.start()
         session.start_epoch(SeedGenerator(7), None)
         it = iter(session.outlet)
-        [next(it) for _ in range(4)]
-        state = session.checkpoint()
-        assert state["epoch"] == 0 and state["delivered"] == 4 and state["status"] == "in_epoch"
-        assert len(state["workers"]) == self.num_workers
-
-    def test_a_planned_restore_is_resumed_by_the_next_epoch_only(self) -> None:
-        saved = start(self.num_workers)
-        self.sessions.append(saved)
-        saved.start_epoch(SeedGenerator(7), None)
-        it = iter(saved.outlet)
-        head = [next(it) for _ in range(6)]
-        state = Checkpoint.from_plain(saved.checkpoint())
-        rest = list(it)
-
-        datapipe = graph()
-        pending = plan_restore(state, datapipe, graph_identity(datapipe), (1, 0), self.num_workers, False)
-        assert pending is not None
-        restored = start(self.num_workers, epoch=state.epoch - 1, pending=pending)
-        self.sessions.append(restored)
-        restored.start_epoch(SeedGenerator(123), None)  # the seeds are put back to the saved epoch's
-        assert list(restored.outlet) == rest and len(head) == 6
-        assert restored.pending is None and restored.epoch == 0
-        restored.start_epoch(SeedGenerator(123), None)
-        assert sorted(restored.outlet) == list(range(SIZE)), "the epoch after it starts afresh"
+        next(it)
+        assert session.checkpoint() is None, "DataLoader2 then stores no state: the epoch restarts"
+        with self.assertRaisesRegex(ReadingServiceError, "no mid-epoch state to restore"):
+            Session.plan(graph(), {"epoch": 0}, self.num_workers, False)
+        with self.assertRaisesRegex(ReadingServiceError, "cannot restore"):
+            Session.open(graph(), None, plan=object())  # type: ignore[arg-type]
 
     def test_a_paused_session_snapshots_as_paused_and_resumes(self) -> None:
-        session = start(self.num_workers)
-        self.sessions.append(session)
+        session = self.start()
         session.start_epoch(SeedGenerator(7), None)
         it = iter(session.outlet)
         first = next(it)
@@ -109,6 +74,21 @@ class SessionTests:
 
 class TestSessionInProcess(SessionTests, SuiteTestCase):
     num_workers = 0
+
+    def test_its_epochs_are_torchdatas_for_the_same_seeds(self) -> None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Please use `InProcessReadingService`")
+            dl = DataLoader2(graph(), reading_service=TorchdataMPRS(num_workers=0))
+        self.addCleanup(dl.shutdown)
+        dl.seed(3)
+        torchdatas = [list(dl) for _ in range(2)]
+        session = self.start()
+        generator = SeedGenerator(3)  # what dl.seed(3) gives DataLoader2's generator
+        ours = []
+        for _ in range(2):
+            session.start_epoch(generator, None)
+            ours.append(list(session.outlet))
+        assert ours == torchdatas and ours[0] != ours[1]
 
 
 class TestSessionOfTwoWorkers(SessionTests, SuiteTestCase):

@@ -1,20 +1,18 @@
 """The two ends of a stream: messages of queued items, and the credit window, which grows for
-small items that travel whole in their pickles and never for items holding shared memory."""
+small items that travel whole in their pickles and never for items holding shared memory (what a
+checkpoint keeps of a stream: test_stream_log.py)."""
 
 from __future__ import annotations
 
 import pickle
 import unittest
-from dataclasses import replace
-from typing import Tuple
 
 from suite_case import SuiteTestCase
-from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize
+from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 
 from torchdata_snapshot._constants import SMALL_ITEMS_MAX_WINDOW
-from torchdata_snapshot.checkpoint.format import WorkerPosition
 from torchdata_snapshot.core.main.worker_record import WorkerRecord
-from torchdata_snapshot.core.messages import ItemsResponse, StateMarkResponse
+from torchdata_snapshot.core.messages import ItemsResponse
 from torchdata_snapshot.core.transport.batches import Credit, QueuedItem, items_message, small_items_window
 from torchdata_snapshot.core.transport.item_codec import ItemEncoder
 
@@ -23,7 +21,7 @@ BUDGET = 1 << 18
 
 def stream_after(*messages: ItemsResponse) -> WorkerRecord:
     stream = WorkerRecord(0, None, window=21, small_items_bytes=BUDGET)  # type: ignore[arg-type]
-    stream.start(WorkerPosition())
+    stream.start()
     for message in messages:
         assert stream.file(message, epoch=0)
     return stream
@@ -41,50 +39,6 @@ def strings(count: int, size: int) -> ItemsResponse:
     for _ in range(count):
         encoder.add("x" * size)
     return ItemsResponse(0, *encoder.take(), None)
-
-
-def counted(*taken: int) -> ItemsResponse:
-    """A message of ``len(taken)`` items with their sharding positions, as a worker sends it."""
-    return items_message([QueuedItem(0, pickle.dumps(i), None, False, t) for i, t in enumerate(taken)])
-
-
-class TestFilesOpenedAfterAState(TestCase):
-    """The main process keeps what each item's production opened from the kept state on: a
-    position names the files opened after the state it starts from, and nothing older."""
-
-    @staticmethod
-    def items(count: int, opened: Tuple[Tuple[int, bytes], ...] = ()) -> ItemsResponse:
-        return replace(ints(count), opened=opened)
-
-    @staticmethod
-    def state(position: int) -> StateMarkResponse:
-        return StateMarkResponse(0, position, b"state")
-
-    def test_a_position_names_the_files_opened_after_its_state(self) -> None:
-        stream = stream_after(
-            self.items(4, ((0, b"a"), (2, b"c"))), self.state(3), self.items(4, ((1, b"f"),))
-        )
-        self.assertEqual(stream.position(2).opened, (b"a",), "no state before 2: from the epoch's start")
-        self.assertEqual(stream.position(3).opened, (b"a", b"c"))
-        self.assertEqual(stream.position(5).opened, (), "the state at 3 names what came before it")
-        self.assertEqual(stream.position(6).opened, (b"f",))
-
-    def test_pruning_drops_only_what_no_later_position_needs(self) -> None:
-        stream = stream_after(
-            self.items(4, ((0, b"a"), (2, b"c"))), self.state(3), self.items(4, ((1, b"f"),))
-        )
-        stream.prune(3)
-        self.assertEqual(stream.position(3).opened, (b"a", b"c"), "still restored from the epoch's start")
-        stream.prune(4)
-        self.assertEqual(stream.position(6).opened, (b"f",))
-        self.assertEqual([blob for _, blob in stream._opened], [b"f"], "before the state at 3: dropped")
-
-    def test_a_restored_stream_starts_with_the_files_its_position_named(self) -> None:
-        stream = WorkerRecord(0, None, window=21)  # type: ignore[arg-type]
-        stream.start(WorkerPosition(5, state=(3, b"state", None), opened=(b"d",)))
-        stream.file(self.items(2, ((1, b"g"),)), epoch=0)
-        self.assertEqual(stream.position(5).opened, (b"d",), "a checkpoint right after the restore")
-        self.assertEqual(stream.position(7).opened, (b"d", b"g"))
 
 
 class TestStream(SuiteTestCase):
@@ -119,7 +73,7 @@ class TestStream(SuiteTestCase):
         assert stream_after(ints(64), ints(8, shared=1), ints(64)).credit.window == 21
         # A new epoch (or a restored position) measures again.
         stream = stream_after(strings(2, 100_000))
-        stream.start(WorkerPosition())
+        stream.start()
         assert stream.file(ints(64), epoch=0) and stream.credit.window == SMALL_ITEMS_MAX_WINDOW
 
     def test_a_shrunk_window_grants_nothing_until_half_of_it_is_outstanding(self) -> None:
@@ -128,15 +82,6 @@ class TestStream(SuiteTestCase):
         credit.window = 21  # larger items came
         assert credit.top_up(400) == 0  # 112 outstanding
         assert credit.top_up(502) == 11  # 10 outstanding: topped up to 21
-
-    def test_items_carry_their_sharding_positions_into_the_users_positions(self) -> None:
-        assert items_message([QueuedItem(0, pickle.dumps(1))]).taken is None, "not counted: nothing travels"
-        stream = stream_after(counted(3, 3, 7), counted(9))
-        assert [stream.position(at).taken for at in range(5)] == [0, 3, 3, 7, 9]
-        stream.prune(4)
-        assert stream.position(4).taken == 9, "pruning keeps what the user's position needs"
-        stream.start(WorkerPosition(4, None, None, 9))  # a restored position
-        assert stream.file(counted(12), epoch=0) and [stream.position(at).taken for at in (4, 5)] == [9, 12]
 
 
 instantiate_parametrized_tests(TestStream)

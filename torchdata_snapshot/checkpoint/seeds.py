@@ -7,6 +7,7 @@ stream); each engine's state is a handful of integers (key, counter, cached draw
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -20,6 +21,7 @@ __all__ = [
     "check_seed_state",
     "drawn_by_unseeded_dataloader2",
     "load_seed_state",
+    "own_seed_generator",
     "rank_seed_state",
     "seed_state",
 ]
@@ -64,12 +66,21 @@ def advance_epoch_seed(seed_generator: SeedGenerator) -> None:
     torchdata's MultiProcessingReadingService seeds workers with
     ``seed_generator.spawn(worker_id)``, which does not advance the generator: with ``dl.seed(s)``,
     unless a random DataPipe runs in the main process, every epoch got the same seeds and repeated
-    the same shuffle. Here the shared stream moves by one draw, and the per-process stream (whose
+    the same shuffle. Called once the epoch is seeded, so that the epoch itself gets the seeds
+    torchdata gives it: the shared stream moves by one draw, and the per-process stream (whose
     spawns depend on how it was seeded, not on its draws) is replaced by its spawn at an index
     drawn from itself, which keeps the rank-specific part ``DistributedReadingService`` put there.
     """
     seed_generator.generate_shared_seed()
     seed_generator.spawn(seed_generator.generate_seed(), inplace=True)
+
+
+def own_seed_generator(seed_generator: SeedGenerator) -> SeedGenerator:
+    """A generator for what a pipeline seeds beside its DataPipes (its own global RNG states with
+    ``num_workers=0``), drawn from a copy of ``seed_generator``, which is left as it was: another
+    state of either of its streams gives other seeds."""
+    drawn = copy.deepcopy(seed_generator)
+    return drawn.spawn(drawn.generate_seed() ^ drawn.generate_shared_seed())
 
 
 def check_seed_state(state: Any) -> Dict[str, Dict[str, Any]]:

@@ -15,7 +15,7 @@ catalogue), what the rest of the package relies on:
   build them; a test checks that those tables and this catalogue agree).
 - ``main_tail``: in the main process, after the workers, it hands on exactly one item per item it
   takes, in order, so that the user's position maps onto the workers' streams
-  (:mod:`torchdata_snapshot.checkpoint.positions`).
+  (:mod:`torchdata_snapshot.core.main.positions`).
 - ``after_sharding``: it may stand between the sharding point and the user in an elastic graph:
   when it yields, it holds no element it took (a batch yields once full, and is empty then;
   see :data:`~torchdata_snapshot.core.plugins.ElasticStart`).

@@ -1,12 +1,14 @@
-"""The optional features the core can use, through small typed interfaces the core owns.
+"""What the core can use beyond itself, through small typed interfaces the core owns.
 
-Self-healing, elastic resume and the tensor pool are modules of their own (``FEATURES`` names
-them): the core and the checkpoint import none of them. So is the worker loop that restores (by
-replay and from captured states), which extends the core's streaming loop. The core asks
-:func:`installed` for a feature where it plugs in, and finds it by its module's name, imported
-the first time it is asked for. Without a feature's module the package works as it does with the
-feature's option off; asking for the option raises ``ValueError`` naming the missing module (see
-the docs' design page).
+The core streams a graph's items and answers ``snapshot()``; checkpoints and restores extend it
+from above: the checkpoint (restores by replay) and the graph's captured states (restores
+without replay) each offer a worker loop and a session that extend the core's, and the core
+runs the most capable one installed. Self-healing, elastic resume and the tensor pool are
+optional features, modules of their own that the core and the checkpoint never import. The
+core asks :func:`installed` for what plugs in where it needs it, and finds each by its module's
+name (``FEATURES``), imported the first time it is asked for. Without a feature's module the
+package works as it does with the feature's option off; asking for the option raises
+``ValueError`` naming the missing module (see the docs' design page).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ if TYPE_CHECKING:
     from torchdata_snapshot.checkpoint.format import Checkpoint
     from torchdata_snapshot.checkpoint.restore_plan import PendingRestore
     from torchdata_snapshot.core.main.worker_record import WorkerRecord
-    from torchdata_snapshot.core.messages import ElasticEpoch, ResetEpochRequest
+    from torchdata_snapshot.core.messages import ElasticEpoch, ItemsResponse, ResetEpochRequest, Response
     from torchdata_snapshot.core.options import TensorPoolOptions
+    from torchdata_snapshot.core.session import Session
     from torchdata_snapshot.core.transport.channel import Channel
     from torchdata_snapshot.core.transport.item_codec import ItemPool
     from torchdata_snapshot.core.worker.loop import WorkerLoop
@@ -39,8 +42,10 @@ __all__ = [
     "ElasticStart",
     "ElasticWorker",
     "Plugins",
+    "ProgressLog",
     "Replacer",
     "ReplacerFactory",
+    "StreamLog",
     "TensorPoolFeature",
     "installed",
     "own_process_start",
@@ -48,6 +53,32 @@ __all__ = [
     "uses_tensor_pool",
     "starting_own_process",
 ]
+
+
+class StreamLog(Protocol):
+    """What a checkpoint keeps of one worker's stream in the main process, beside the core's
+    counts (:class:`~torchdata_snapshot.core.main.worker_record.WorkerRecord`): enough to bring a
+    fresh worker to a position of the stream."""
+
+    def start(self, position: Any) -> None:
+        """The epoch starts at ``position`` (``None``: its beginning; else the log's own record)."""
+
+    def filed(self, first: int, response: ItemsResponse) -> None:
+        """The items of ``response`` were received, the first of them at position ``first``."""
+
+    def file(self, response: Response, epoch: int) -> bool:
+        """Keep ``response`` if it is the log's (``False``: it is not)."""
+
+    def prune(self, kept: int) -> None:
+        """Positions before ``kept`` will not be asked for any more."""
+
+
+class ProgressLog(Protocol):
+    """Says how a long replay progresses (the checkpoint's log)."""
+
+    def start(self) -> None: ...
+
+    def report(self, where: str, epoch: int, position: int, target: int) -> None: ...
 
 
 class Replacer(Protocol):
@@ -122,39 +153,55 @@ class Plugins:
     #: Checkpoints: the worker loop that also restores, by replay and from captured graph states
     #: (a subclass of the core's ``WorkerLoop``, which only streams).
     worker_loop: Optional[Type[WorkerLoop]] = None
+    #: Checkpoints: the session that also checkpoints and restores (a subclass of the core's
+    #: ``Session``, whose ``checkpoint()`` has nothing mid-epoch to say).
+    session: Optional[Type[Session]] = None
 
 
-#: Each field of ``Plugins``: the module that offers it and the name it has there.
-FEATURES: Dict[str, Tuple[str, str]] = {
-    "replacer": ("torchdata_snapshot.healing.replacer", "WorkerReplacer"),
-    "elastic_start": ("torchdata_snapshot.elastic.planner", "elastic_start"),
-    "elastic_worker": ("torchdata_snapshot.elastic.worker", "ShardingProgress"),
-    "tensor_pool": ("torchdata_snapshot.tensor_pool.pool", "TensorPool"),
-    "worker_loop": ("torchdata_snapshot.graph_state.worker_loop", "StatefulWorkerLoop"),
+#: Each field of ``Plugins``: the modules that offer it and the name each has there, the most
+#: capable first (the first one installed is used).
+FEATURES: Dict[str, Tuple[Tuple[str, str], ...]] = {
+    "replacer": (("torchdata_snapshot.healing.replacer", "WorkerReplacer"),),
+    "elastic_start": (("torchdata_snapshot.elastic.planner", "elastic_start"),),
+    "elastic_worker": (("torchdata_snapshot.elastic.worker", "ShardingProgress"),),
+    "tensor_pool": (("torchdata_snapshot.tensor_pool.pool", "TensorPool"),),
+    "worker_loop": (
+        ("torchdata_snapshot.graph_state.worker_loop", "StatefulWorkerLoop"),
+        ("torchdata_snapshot.checkpoint.worker_loop", "ReplayingWorkerLoop"),
+    ),
+    "session": (
+        ("torchdata_snapshot.graph_state.session", "StatefulSession"),
+        ("torchdata_snapshot.checkpoint.session", "CheckpointSession"),
+    ),
 }
+
+
+def _is_there(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # the module's folder is not there
+        return False
 
 
 @functools.cache
 def installed() -> Plugins:
-    """The features whose modules are there, imported the first time this is called."""
+    """What the installed modules offer, imported the first time this is called."""
     found: Dict[str, Any] = {}
-    for field, (module, name) in FEATURES.items():
-        try:
-            there = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:  # the feature's module is not there
-            there = False
-        if there:
-            found[field] = getattr(importlib.import_module(module), name)
+    for field, offers in FEATURES.items():
+        for module, name in offers:
+            if _is_there(module):
+                found[field] = getattr(importlib.import_module(module), name)
+                break
     return Plugins(**found)
 
 
 def require(feature: str, option: str) -> Any:
     """The installed ``feature`` (a field of ``Plugins``), or ``ValueError`` saying that ``option``
     needs the module this installation lacks (named in full: it is the same module wherever the
-    package's modules are placed)."""
+    package's modules are placed; the least capable one that offers it)."""
     found = getattr(installed(), feature)
     if found is None:
-        raise ValueError(f"{option} needs {FEATURES[feature][0]}, which this installation lacks")
+        raise ValueError(f"{option} needs {FEATURES[feature][-1][0]}, which this installation lacks")
     return found
 
 

@@ -4,15 +4,15 @@ The reading service only answers DataLoader2's calls: between ``initialize`` and
 a :class:`~torchdata_snapshot.core.session.Session` holds the graph's
 :class:`~torchdata_snapshot.core.main.runtime.Runtime` (in the main process, ``num_workers=0``, or in
 worker processes) behind an :class:`~torchdata_snapshot.core.main.outlet.Outlet` that counts what the
-user received, and the epoch in progress; a restore is planned by
-:func:`~torchdata_snapshot.checkpoint.restore_plan.plan_restore`; checkpoints are
-:class:`~torchdata_snapshot.checkpoint.format.Checkpoint` s. The protocol is described in
-NOTE [ Snapshot protocol ] (:mod:`torchdata_snapshot.core.messages`).
+user received, and the epoch in progress. It is the most capable session installed (see
+:mod:`torchdata_snapshot.core.plugins`): the checkpoint's takes and restores checkpoints, the
+core's only streams. The protocol is described in NOTE [ Snapshot protocol ]
+(:mod:`torchdata_snapshot.core.messages`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Type
 
 from torchdata.dataloader2 import reading_service as torchdata_rs
 from torchdata.dataloader2.graph import DataPipe
@@ -24,20 +24,11 @@ from torchdata_snapshot._constants import (
     DEFAULT_CONTROL_TIMEOUT_S,
     DEFAULT_MAX_ITEMS_BETWEEN_CAPTURES,
     JOIN_TIMEOUT_S,
-    NO_EPOCH,
     TENSOR_POOL_SLOT_BYTES,
 )
 from torchdata_snapshot._errors import ReadingServiceClosedError, ReadingServiceError
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
-from torchdata_snapshot.checkpoint.format import Checkpoint
-from torchdata_snapshot.checkpoint.identity import GraphIdentity, graph_identity
-from torchdata_snapshot.checkpoint.restore_plan import (
-    PendingRestore,
-    logs_refusals,
-    plan_restore,
-    sharding_of,
-)
-from torchdata_snapshot.core.main.runtime import shut_down_when_broken, start_runtime
+from torchdata_snapshot.core.main.runtime import shut_down_when_broken
 from torchdata_snapshot.core.options import (
     BatchingOptions,
     FaultOptions,
@@ -49,21 +40,15 @@ from torchdata_snapshot.core.options import (
     check_start_method,
     check_type,
 )
-from torchdata_snapshot.core.plugins import require, uses_tensor_pool
-from torchdata_snapshot.core.session import Session, checkpoint_before_start
-from torchdata_snapshot.graph_state.moved_roots import moved_roots, resumed_where_moved
+from torchdata_snapshot.core.plugins import installed, require, uses_tensor_pool
+from torchdata_snapshot.core.session import Session
 
 __all__ = ["MultiProcessingReadingService"]
 
 
-class _Plan(NamedTuple):
-    """A restore, validated (see ``MultiProcessingReadingService._plan``)."""
-
-    state: Checkpoint  # as restored: a data directory that moved is where it is now
-    graph: GraphIdentity
-    sharding: Tuple[int, int]
-    pending: Optional[PendingRestore]
-    moved: bool  # the data directory moved: ``state`` is not the one taken
+def _session_class() -> Type[Session]:
+    """The most capable session installed: the checkpoint's, else the core's (which streams)."""
+    return installed().session or Session
 
 
 class MultiProcessingReadingService(
@@ -207,18 +192,10 @@ class MultiProcessingReadingService(
     # --- ReadingServiceInterface --------------------------------------------------------------
 
     def initialize(self, datapipe: DataPipe) -> DataPipe:
-        return self._initialize(datapipe, graph_identity(datapipe), sharding_of(datapipe))
+        return self._initialize(datapipe)
 
-    def _initialize(
-        self,
-        datapipe: DataPipe,
-        graph: GraphIdentity,
-        sharding: Tuple[int, int],
-        epoch: int = NO_EPOCH,
-        pending: Optional[PendingRestore] = None,
-    ) -> DataPipe:
-        """``initialize``, with the graph's identity and sharding already computed (a restore
-        computes them to validate the state first), and the epoch a restore resumes from."""
+    def _initialize(self, datapipe: DataPipe, plan: Any = None) -> DataPipe:
+        """``initialize``, or a restore's start when ``plan`` (validated first) says what it resumes."""
         self._check_open()
         if self._session is not None:
             raise ReadingServiceError("initialize() was already called on this reading service")
@@ -234,10 +211,9 @@ class MultiProcessingReadingService(
             read_ahead=self.read_ahead,
             tensor_pool_slot_bytes=pool,
         )
-        runtime, outlet = start_runtime(datapipe, options)
-        self._session = Session(runtime, outlet, self.num_workers, graph, sharding, epoch, pending)
-        self._end_datapipe = runtime.end
-        return outlet
+        self._session = _session_class().open(datapipe, options, plan)
+        self._end_datapipe = self._session.runtime.end
+        return self._session.outlet
 
     def _broken(self) -> bool:
         return self._session is not None and self._session.broken
@@ -266,15 +242,16 @@ class MultiProcessingReadingService(
 
     # --- checkpoint / restore -------------------------------------------------------------------
 
-    def checkpoint(self) -> Dict[str, Any]:  # type: ignore[override, unused-ignore]  # plain data, not bytes
+    def checkpoint(self) -> Optional[Dict[str, Any]]:  # type: ignore[override, unused-ignore]  # plain data, not bytes
         """The state ``DataLoader2.state_dict()`` stores: versioned plain data (see
         :mod:`torchdata_snapshot.checkpoint.format`) describing what the *user* received: the epoch,
         its seeds, per worker how many of its items reached the user. Taking it does not talk to
         the workers, pause anything or change the data; its size does not grow with the position.
+        (Without the checkpoint's module, ``None``: a restored loader starts its epoch over.)
         """
         self._check_open()
         if self._session is None:
-            return checkpoint_before_start(self.num_workers)
+            return _session_class().before_start(self.num_workers)
         return self._session.checkpoint()
 
     def restore(self, datapipe: DataPipe, serialized_state: Any) -> DataPipe:
@@ -290,19 +267,12 @@ class MultiProcessingReadingService(
         size restarts the epoch over the elements the user had not received (see the checkpointing docs).
         """
         self._check_open()
-        plan = self._plan(datapipe, serialized_state)
-        epoch = plan.state.epoch if plan.pending is None else plan.state.epoch - 1  # the last epoch started
-        return self._initialize(datapipe, plan.graph, plan.sharding, epoch, plan.pending)
+        return self._initialize(datapipe, self._plan(datapipe, serialized_state))
 
-    @logs_refusals
-    def _plan(self, datapipe: DataPipe, serialized_state: Any) -> _Plan:
-        """What restoring ``serialized_state`` for ``datapipe`` resumes, validated; nothing starts."""
-        sharding, graph = sharding_of(datapipe), graph_identity(datapipe)
-        taken = Checkpoint.from_plain(serialized_state)
-        moves = moved_roots(taken, datapipe, graph)
-        state = resumed_where_moved(taken, moves)
-        pending = plan_restore(state, datapipe, graph, sharding, self.num_workers, self.elastic)
-        return _Plan(state, graph, sharding, pending, bool(moves))
+    def _plan(self, datapipe: DataPipe, serialized_state: Any) -> Any:
+        """What restoring ``serialized_state`` for ``datapipe`` resumes, validated; nothing starts
+        (the session's :meth:`~torchdata_snapshot.core.session.Session.plan`)."""
+        return _session_class().plan(datapipe, serialized_state, self.num_workers, self.elastic)
 
     # --- pause / resume / limit (DataLoader2's semantics) ------------------------------------------
 

@@ -35,9 +35,9 @@ from torchdata.dataloader2.utils.dispatch import find_lca_round_robin_sharding_d
 
 from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
 from torchdata_snapshot.checkpoint.format import FORMAT, Checkpoint, ShardingProgress
-from torchdata_snapshot.checkpoint.positions import ONE_TO_ONE_TAIL, not_one_to_one
 from torchdata_snapshot.core.catalogue import types_where
 from torchdata_snapshot.core.graph import describe_datapipe
+from torchdata_snapshot.core.main.positions import ONE_TO_ONE_TAIL, not_one_to_one
 from torchdata_snapshot.core.messages import Level
 from torchdata_snapshot.core.worker.worker_graph import DispatchPlaceholder
 from torchdata_snapshot.elastic.element_progress import EXPANDING, HOLDING_ONE, ONE_TO_ONE, chain_after

@@ -11,7 +11,7 @@ items that opened them, and a replay checks them first. Elastic resume plugs in 
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.utils.worker import WorkerInfo
@@ -29,7 +29,7 @@ from torchdata_snapshot.core.worker.dispatcher import find_dispatched_sources
 from torchdata_snapshot.core.worker.epoch import WorkerEpoch
 from torchdata_snapshot.graph_state.file_origins import check_opened
 from torchdata_snapshot.graph_state.state_functions import StateFunctions
-from torchdata_snapshot.graph_state.worker_states import WorkerStates
+from torchdata_snapshot.graph_state.worker_states import WorkerStates, carried_state_functions
 
 __all__ = ["StatefulWorkerLoop"]
 
@@ -57,6 +57,13 @@ class StatefulWorkerLoop(ReplayingWorkerLoop):
         self._elastic: Optional[ElasticWorker] = None if make_elastic is None else make_elastic()
         super().__init__(datapipe, endpoint, worker_info, options=options, **kwargs)
         self.states.name = self.name
+
+    @classmethod
+    def carried_arguments(
+        cls, datapipe: DataPipe, options: WorkerOptions, start_method: str
+    ) -> Dict[str, Any]:
+        """The registered state functions the workers need (see :func:`carried_state_functions`)."""
+        return {"state_functions": carried_state_functions(datapipe, options, start_method)}
 
     @property
     def stateful(self) -> bool:

@@ -15,7 +15,8 @@ from typing import Callable, List, Tuple, Type
 
 from torchdata_snapshot._errors import ProtocolError, WorkerDiedError
 from torchdata_snapshot.checkpoint.replay import ReplayProgressLog
-from torchdata_snapshot.core.main.worker_record import WorkerRecord, replay_request
+from torchdata_snapshot.checkpoint.stream_log import StreamLog, replay_request
+from torchdata_snapshot.core.main.worker_record import WorkerRecord
 from torchdata_snapshot.core.messages import (
     ErrorResponse,
     GetNextRequest,
@@ -62,13 +63,15 @@ class WorkerReplacer:
             raise WorkerDiedError(
                 f"{death} (it was restarted {self.restarts_allowed} times this epoch already: giving up)"
             ) from death
+        if not isinstance(stream.log, StreamLog):
+            raise ProtocolError("self-healing needs each worker stream's log (the checkpoint's)") from death
         stream.channel.close()
         started = time.monotonic()
         stream.channel = self.respawn(stream.worker_id)  # (which logs the death at WARNING)
         name = f"restarted {stream.channel.name}"
         steps: List[Tuple[Request, Type[Response]]] = [
             (reset, ResetEpochResponse),
-            (replay_request(epoch, stream.position(stream.received)), ReplayResponse),
+            (replay_request(epoch, stream.log.position(stream.received)), ReplayResponse),
         ]
         if paused:
             steps.append((PauseRequest(), PauseResponse))

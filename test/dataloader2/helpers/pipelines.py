@@ -566,11 +566,12 @@ class OffByOneState(IterDataPipe):
 # One place: a refactor of the reading service's internals is one edit here.
 
 
-def started_runtime(datapipe: Any, num_workers: int) -> Tuple[Any, Any]:
-    """``datapipe`` started as the reading service starts it, with small prefetch counts and
-    bounded waits, replaying rather than capturing states."""
-    from torchdata_snapshot.core.main.runtime import start_runtime
+def started_session(datapipe: Any, num_workers: int, session: Any = None, plan: Any = None) -> Any:
+    """``datapipe`` started as the reading service starts it, by a ``session`` class (default:
+    the core's, which streams) with small prefetch counts and bounded waits, replaying rather
+    than capturing states; ``plan``: the restore it resumes."""
     from torchdata_snapshot.core.options import FaultOptions, RestoreOptions, RuntimeOptions, WorkerOptions
+    from torchdata_snapshot.core.session import Session
 
     options = RuntimeOptions(
         num_workers=num_workers,
@@ -579,7 +580,7 @@ def started_runtime(datapipe: Any, num_workers: int) -> Tuple[Any, Any]:
         worker=WorkerOptions(restore=RestoreOptions(stateful=False)),
         faults=FaultOptions(control_timeout_s=30.0, timeout_s=30.0),
     )
-    return start_runtime(datapipe, options)
+    return (session or Session).open(datapipe, options, plan)
 
 
 def worker_processes(dl: Any) -> List[Any]:

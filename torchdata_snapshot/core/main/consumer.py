@@ -18,10 +18,9 @@ from torchdata.dataloader2.graph import DataPipe
 
 from torchdata_snapshot._constants import CLOSED_EPOCH, DEFAULT_CONTROL_TIMEOUT_S, TERMINATE_LOCK_WAIT_S
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
-from torchdata_snapshot.checkpoint.format import WorkerPosition
-from torchdata_snapshot.checkpoint.positions import UserPositions
 from torchdata_snapshot.core.main.links import WorkerLinks
-from torchdata_snapshot.core.main.worker_record import WorkerRecord, replay_request
+from torchdata_snapshot.core.main.positions import UserPositions
+from torchdata_snapshot.core.main.worker_record import WorkerRecord
 from torchdata_snapshot.core.messages import (
     ElasticEpoch,
     GetNextRequest,
@@ -31,13 +30,14 @@ from torchdata_snapshot.core.messages import (
     LimitResponse,
     PauseRequest,
     PauseResponse,
+    ReplayRequest,
     ReplayResponse,
     ResetEpochRequest,
     ResetEpochResponse,
     ResumeRequest,
     ResumeResponse,
 )
-from torchdata_snapshot.core.plugins import Replacer
+from torchdata_snapshot.core.plugins import Replacer, StreamLog
 from torchdata_snapshot.core.transport.batches import END, Raised
 from torchdata_snapshot.core.transport.channel import Channel
 
@@ -65,6 +65,8 @@ class WorkerConsumer(IterDataPipe):
         small_items_bytes: the window of a stream of small items that travel whole in their
             pickles grows to cover this many of their bytes (see
             :func:`~torchdata_snapshot.core.transport.batches.small_items_window`; ``0``: it does not).
+        stream_log: makes each stream's log (a checkpoint's: see
+            :class:`~torchdata_snapshot.core.plugins.StreamLog`), or ``None``: none is kept.
     """
 
     def __init__(
@@ -77,11 +79,14 @@ class WorkerConsumer(IterDataPipe):
         positions: Optional[UserPositions] = None,
         replacer: Optional[Replacer] = None,
         small_items_bytes: int = 0,
+        stream_log: Optional[Callable[[], StreamLog]] = None,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.streams = [
-            WorkerRecord(worker_id, channel, window, small_items_bytes)
+            WorkerRecord(
+                worker_id, channel, window, small_items_bytes, None if stream_log is None else stream_log()
+            )
             for worker_id, channel in enumerate(channels)
         ]
         self.num_workers = len(self.streams)
@@ -177,36 +182,30 @@ class WorkerConsumer(IterDataPipe):
                 stream.restarts = 0
             # The streams are at the epoch's beginning from here on: a worker found dead during
             # the reset (or the replay of a restore) is replaced at that position.
-            self._start_streams([WorkerPosition()] * self.num_workers, next_worker=0)
+            for stream in self.streams:
+                stream.start()
+            self.next_worker = 0
             links.in_epoch = True
             links.request_all(requests.__getitem__, ResetEpochResponse)
 
-    def replay(self, positions: Sequence[WorkerPosition], next_worker: int) -> None:
-        """Restore: worker ``i`` replays (and drops) the ``positions[i].delivered`` items the user
-        already had, checking their running digest, starting from its recorded graph state if it
-        has one; the round-robin resumes at ``next_worker``. Workers whose stream had ended are
-        found again on the way, at the same places."""
+    def replay(self, requests: Sequence[ReplayRequest], positions: Sequence[Any], next_worker: int) -> None:
+        """Restore: worker ``i`` replays (and drops) the items the user already had, as
+        ``requests[i]`` asks; its stream then starts at ``positions[i]`` (its log's record of that
+        point, whose ``delivered`` items are counted as handed on), and the round-robin at
+        ``next_worker``. Workers whose stream had ended are found again on the way, at the same
+        places."""
         with self.links.lock:
-            self.links.replay_progress.start()
-            self.links.request_all(lambda i: replay_request(self.epoch, positions[i]), ReplayResponse)
-            self._start_streams(positions, next_worker)
-
-    def _start_streams(self, positions: Sequence[WorkerPosition], next_worker: int) -> None:
-        for stream, position in zip(self.streams, positions):
-            stream.start(position)
-        self.next_worker = next_worker
+            self.links.progress.start()
+            self.links.request_all(requests.__getitem__, ReplayResponse)
+            for stream, position in zip(self.streams, positions):
+                stream.start(position.delivered, position)
+            self.next_worker = next_worker
 
     def start_epoch(self) -> None:
         """Grant every worker its first credit window: production of the epoch starts."""
         with self.links.lock:
             for stream in self.streams:
                 self._grant(stream)
-
-    def position(self, worker_id: int, delivered: int) -> WorkerPosition:
-        """What a checkpoint records for the user's position ``delivered`` in worker
-        ``worker_id``'s stream."""
-        with self.links.lock:
-            return self.streams[worker_id].position(delivered)
 
     # --- pause, resume, limit, snapshot, shutdown -----------------------------------------------
 

@@ -1,28 +1,26 @@
 """``InProcess``: ``num_workers=0``, the whole graph runs in the main process.
 
-It is seeded as the only worker's graph would be (DataPipe seeds and the ``random``, ``torch``
-and ``numpy`` global RNGs), with global RNG states of its own (``isolate_rng``, see
-:mod:`torchdata_snapshot.checkpoint.rng_states`) so that the training loop's draws never change the data. The
-outlet produces each item when the user asks for it, or ahead with ``read_ahead``. A restore
-replays the epoch in the main process (see :mod:`torchdata_snapshot.core.main.outlet`).
+Its DataPipes are seeded as torchdata seeds them with ``num_workers=0`` (from DataLoader2's
+generator itself), and the outlet produces each item when the user asks for it: the same items,
+side effects and draws from the global RNGs as torchdata's. The checkpoint extends it with
+global RNG states of the pipeline's own (``isolate_rng``), so that the training loop's draws
+never change the data and a restore can replay the epoch in the main process.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional
 
 from torchdata.dataloader2.graph import DataPipe, set_graph_random_seed
 from torchdata.dataloader2.random import SeedGenerator
-from torchdata.dataloader2.utils.worker import WorkerInfo, process_reset_fn
+from torchdata.dataloader2.utils.worker import WorkerInfo
 
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
-from torchdata_snapshot.checkpoint.format import WorkerPosition
-from torchdata_snapshot.checkpoint.positions import UserPositions
-from torchdata_snapshot.checkpoint.restore_plan import PendingRestore
-from torchdata_snapshot.checkpoint.rng_states import IsolatedRNG
 from torchdata_snapshot.core.graph import datapipe_state_dicts, datapipe_yields, graph_datapipes
 from torchdata_snapshot.core.main.outlet import Outlet
+from torchdata_snapshot.core.main.positions import UserPositions
+from torchdata_snapshot.core.messages import ElasticEpoch
 from torchdata_snapshot.core.worker.worker_graph import prepare_worker_graph
 
 __all__ = ["InProcess"]
@@ -31,12 +29,11 @@ __all__ = ["InProcess"]
 class InProcess:
     """Runs ``datapipe`` (after ``worker_init_fn``, as torchdata does) in the main process."""
 
-    positions: Optional[UserPositions] = None  # the outlet replays: no position in worker streams
+    positions: Optional[UserPositions] = None  # no position in worker streams
     broken: Optional[str] = None  # nothing to lose contact with
 
-    def __init__(self, datapipe: DataPipe, worker_init_fn: Optional[Callable], isolate_rng: bool) -> None:
+    def __init__(self, datapipe: DataPipe, worker_init_fn: Optional[Callable]) -> None:
         self.end = prepare_worker_graph(datapipe, WorkerInfo(1, 0), worker_init_fn)
-        self.rng = IsolatedRNG() if isolate_rng else None
 
     def start_epoch(
         self,
@@ -44,18 +41,13 @@ class InProcess:
         epoch: int,
         seed_generator: SeedGenerator,
         iter_reset_fn: Optional[Callable],
-        resume: Optional[PendingRestore],
+        elastic: Optional[ElasticEpoch] = None,
+        replay: Optional[Callable] = None,
     ) -> None:
-        """Seed the graph as the only worker's; ``resume`` needs nothing here: the outlet replays
-        the user's position (and an epoch resumes elastically only in workers)."""
-        if self.rng is not None:
-            with self.rng.active():
-                process_reset_fn(outlet, WorkerInfo(1, 0), seed_generator.spawn(0))
-        else:
-            set_graph_random_seed(outlet, seed_generator.spawn(0))
-
-    def worker_positions(self, positions: Optional[UserPositions]) -> Tuple[WorkerPosition, ...]:
-        return ()  # no worker: the outlet replays
+        """Seed the graph's DataPipes from ``seed_generator``, as torchdata does with
+        ``num_workers=0`` (``elastic`` and ``replay`` concern workers only: an epoch resumes
+        elastically only there, and a position in this process is replayed by the outlet)."""
+        set_graph_random_seed(outlet, seed_generator)
 
     def pause(self, pause_fn: Optional[Callable]) -> None:
         pass  # the graph runs only when the user asks for an item

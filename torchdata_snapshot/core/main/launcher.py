@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from multiprocessing.process import BaseProcess
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.graph._serialization import attach_wrapper
@@ -26,9 +26,7 @@ from torchdata_snapshot.core.options import TensorPoolOptions, WorkerOptions
 from torchdata_snapshot.core.plugins import own_process_start, require
 from torchdata_snapshot.core.transport.channel import Channel, describe_exit, make_pipe_pair, process_exit
 from torchdata_snapshot.core.worker.dispatcher import run_dispatcher
-from torchdata_snapshot.core.worker.entry import run_worker
-from torchdata_snapshot.graph_state.state_functions import StateFunctions
-from torchdata_snapshot.graph_state.worker_states import carried_state_functions
+from torchdata_snapshot.core.worker.entry import installed_loop, run_worker
 
 __all__ = ["ProcessLauncher", "import_what_workers_seed"]
 
@@ -61,7 +59,7 @@ class ProcessLauncher:
         self.dispatcher: Optional[BaseProcess] = None
         self._dispatcher_pid: Optional[int] = None
         self._worker_graph: Any = None  # the replicable branch, wrapped for pickling
-        self._state_functions: Tuple[StateFunctions, ...] = ()  # the registered ones its workers need
+        self._loop_args: Dict[str, Any] = {}  # what the worker loop needs of this process
 
     @property
     def processes(self) -> List[BaseProcess]:
@@ -101,7 +99,7 @@ class ProcessLauncher:
     ) -> List[Channel]:
         """Start every worker on ``replicable_dp``; return their channels, in worker order."""
         start_method = self.ctx.get_start_method()
-        self._state_functions = carried_state_functions(replicable_dp, self.options, start_method)
+        self._loop_args = installed_loop().carried_arguments(replicable_dp, self.options, start_method)
         self._worker_graph = attach_wrapper(replicable_dp)
         import_what_workers_seed(self.ctx)
         channels: List[Channel] = []
@@ -129,7 +127,7 @@ class ProcessLauncher:
             dispatcher_link,
             dispatcher_pid,
             pool,
-            {"state_functions": self._state_functions},
+            self._loop_args,
         )
         process = self.ctx.Process(
             target=run_worker, args=args, name=f"DataLoader2 worker {worker_id}", daemon=True

@@ -24,8 +24,7 @@ from torchdata_snapshot._errors import (
     WorkerDiedError,
     WorkerError,
 )
-from torchdata_snapshot.checkpoint.positions import UserPositions
-from torchdata_snapshot.checkpoint.replay import ReplayProgressLog
+from torchdata_snapshot.core.main.positions import UserPositions
 from torchdata_snapshot.core.main.worker_record import WorkerRecord
 from torchdata_snapshot.core.messages import (
     ErrorResponse,
@@ -39,14 +38,24 @@ from torchdata_snapshot.core.messages import (
     TerminateRequest,
     TerminateResponse,
 )
-from torchdata_snapshot.core.plugins import Replacer
+from torchdata_snapshot.core.plugins import ProgressLog, Replacer
 
-__all__ = ["REPLACED", "WorkerLinks"]
+__all__ = ["REPLACED", "SilentProgress", "WorkerLinks"]
 
 R = TypeVar("R", bound=Response)
 
 #: Returned by :meth:`WorkerLinks.read` when the worker was found dead and replaced: read again.
 REPLACED: Any = object()
+
+
+class SilentProgress:
+    """A :class:`~torchdata_snapshot.core.plugins.ProgressLog` that says nothing."""
+
+    def start(self) -> None:
+        pass
+
+    def report(self, where: str, epoch: int, position: int, target: int) -> None:
+        pass
 
 
 class WorkerLinks:
@@ -75,7 +84,8 @@ class WorkerLinks:
         # The epoch's streams are set up (its reset has begun): a dead worker may be replaced.
         self.in_epoch = False
         self.reset_requests: Sequence[ResetEpochRequest] = ()  # the epoch's, one per worker
-        self.replay_progress = ReplayProgressLog()  # started by each restore's replay
+        # The progress of long replays (the checkpoint's log, started by each restore's replay).
+        self.progress: ProgressLog = SilentProgress()
 
     def check_open(self) -> None:
         if self.closed:
@@ -160,7 +170,7 @@ class WorkerLinks:
                 if isinstance(request, ReplayRequest):  # a long replay that is alive: wait on
                     target = request.skip + (0 if request.state is None else request.state[0])
                     name, at = stream.channel.name, response.replayed
-                    self.replay_progress.report(name, response.epoch, at, target)
+                    self.progress.report(name, response.epoch, at, target)
             elif response is None:
                 continue  # data on the way
             elif isinstance(response, (expected, ErrorResponse)):

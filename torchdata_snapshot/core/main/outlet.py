@@ -1,60 +1,31 @@
 """``Outlet``: the last DataPipe of the adapted graph, where items reach the user.
 
-A checkpoint describes what the *user* has received, not what the processes produced: with
-prefetching, everything before the outlet runs ahead. The outlet counts what it hands out,
-notes when ``StopIteration`` reached the user, and keeps the position in each worker's stream
-that the user reached:
+Everything before the outlet runs ahead of the user (prefetching); the outlet counts what it
+hands out, notes when ``StopIteration`` reached the user, and keeps the position in each
+worker's stream that the user reached: when the main-process tail is one-to-one (no tail, or
+``map``, ``collate``, ``fullsync``, ``prefetch``, ``pin_memory``, by exact class) the consumer and
+the outlet share a :class:`~torchdata_snapshot.core.main.positions.UserPositions`: the outlet
+takes one record of the consumer's for each item it hands to the user, so
+``positions.delivered[i]`` is exactly how far the user got into worker ``i``'s stream, whatever
+the tail buffers. A checkpoint describes that position (the checkpoint's outlet extends this one
+to replay the positions it cannot tell, see the checkpointing docs).
 
-* when the main-process tail is one-to-one (no tail, or ``map``, ``collate``, ``fullsync``,
-  ``prefetch``, ``pin_memory``, by exact class) the consumer and the outlet share a
-  :class:`~torchdata_snapshot.checkpoint.positions.UserPositions`: the outlet takes one record of the
-  consumer's for each item it hands to the user, so ``positions.delivered[i]`` is exactly how
-  far the user got into worker ``i``'s stream, whatever the tail buffers;
-* otherwise (``num_workers=0``, or a tail that batches or filters) positions in the workers'
-  streams cannot be told from the user's count, and a restore replays the epoch *in the main
-  process*: the outlet drops the first ``skip`` items of the resumed epoch before handing any out.
-  It then keeps the running digest of what it handed out (see :mod:`torchdata_snapshot.checkpoint.digest`),
-  which the replay must reproduce.
-
-With ``num_workers=0`` and isolated global RNGs (see
-:mod:`torchdata_snapshot.checkpoint.rng_states`), the outlet produces an item when the user asks
-for it, as torchdata does (the pipeline's side effects, prints and breakpoints happen in step
-with the training loop, and what the loop sets before ``next()`` reaches that item), with the
-pipeline's RNG states swapped in for that item only: about 25 us per item. With ``read_ahead``
-it amortizes the swap instead: it produces items ahead, up to ``READ_AHEAD_ITEMS``,
-``READ_AHEAD_S`` or ``READ_AHEAD_BYTES`` of data at a time, inside one swap, and hands them out
-one by one. The data are the same either way (the pipeline's draws are its own, and each item
-starts as after a swap of its own:
-:meth:`~torchdata_snapshot.checkpoint.rng_states.IsolatedRNG.next_item`), and so are
-checkpoints: they count what reached the user.
+With ``num_workers=0`` the outlet produces an item when the user asks for it, as torchdata does.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections import deque
-from typing import TYPE_CHECKING, Any, Deque, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional
 
 from torch.utils.data import IterDataPipe
 from torchdata.dataloader2.graph import DataPipe
 
 from torchdata_snapshot._compat.datapipes import unhooked_iter
-from torchdata_snapshot._constants import NO_EPOCH, READ_AHEAD_BYTES, READ_AHEAD_ITEMS, READ_AHEAD_S
-from torchdata_snapshot._errors import CheckpointError, ReadingServiceClosedError
-from torchdata_snapshot.checkpoint.digest import CHAIN_START, chain, chain_hex
-from torchdata_snapshot.checkpoint.format import Checkpoint
-from torchdata_snapshot.checkpoint.positions import UserPositions
-from torchdata_snapshot.checkpoint.replay import ReplayProgressLog, replay
-from torchdata_snapshot.checkpoint.restore_plan import log_refusal
-from torchdata_snapshot.checkpoint.rng_states import IsolatedRNG
+from torchdata_snapshot._constants import NO_EPOCH
+from torchdata_snapshot._errors import ReadingServiceClosedError
+from torchdata_snapshot.core.main.positions import UserPositions
 
-__all__ = ["Outlet", "data_bytes"]
-
-logger = logging.getLogger(__name__)
-
-#: A replay in the main process reads the clock for its progress log once per this many items.
-PROGRESS_CHECK_ITEMS = 256
+__all__ = ["Outlet", "OutletIterator"]
 
 
 class Outlet(IterDataPipe):
@@ -62,35 +33,17 @@ class Outlet(IterDataPipe):
 
     Attributes (current epoch): ``delivered`` items handed to the user; ``finished`` once
     ``StopIteration`` reached the user; ``positions`` the user's position in the workers' streams
-    (when it is tracked; ``None`` in main-process replay mode); ``digest`` the running digest of
-    the delivered items (main-process replay mode, when verification is on; ``None`` otherwise).
-    As the reading service starts it: ``verify`` replays against running digests; ``rng`` the
-    pipeline's isolated global RNG states (``num_workers=0``); ``read_ahead`` produce items ahead
-    within one swap of them.
+    (when it is tracked; ``None`` when the tail batches or filters, or without workers);
+    ``closed`` once the reading service was shut down.
     """
 
-    def __init__(
-        self,
-        source_datapipe: DataPipe,
-        positions: Optional[UserPositions] = None,
-        *,
-        verify: bool = False,
-        rng: Optional[IsolatedRNG] = None,
-        read_ahead: bool = False,
-    ) -> None:
+    def __init__(self, source_datapipe: DataPipe, positions: Optional[UserPositions] = None) -> None:
         self.source_datapipe = source_datapipe
         self.positions = positions
         self.epoch = NO_EPOCH
         self.delivered = 0
         self.finished = False
-        self.verify = verify
-        self.rng = rng
-        self.read_ahead = read_ahead
         self.closed = False  # the reading service was shut down: no item comes out any more
-        self._chain: Optional[int] = None
-        self._skip = 0
-        self._skip_digest: Optional[str] = None
-        self._ahead: Deque[Any] = deque()  # the current iterator's items produced ahead
 
     def start_epoch(
         self,
@@ -99,45 +52,14 @@ class Outlet(IterDataPipe):
         delivered: int = 0,
         worker_delivered: Optional[List[int]] = None,
         last_worker: int = -1,
-        skip: int = 0,
-        skip_digest: Optional[str] = None,
     ) -> None:
-        """Reset the counters for ``epoch``; a restore resumes them from the checkpoint.
-
-        With tracked positions, a restore passes ``delivered``, ``worker_delivered`` and
-        ``last_worker``. In main-process replay mode it passes ``skip``: that many items are
-        replayed and dropped here before the first one reaches the user, their running digest
-        checked against ``skip_digest``.
-        """
+        """Reset the counters for ``epoch``; a restore resumes them (``delivered`` in all, and with
+        tracked positions ``worker_delivered`` per worker and the ``last_worker`` delivered from)."""
         self.epoch = epoch
         self.finished = False
         if self.positions is not None:
             self.positions.start_epoch(worker_delivered, last_worker)
-        self.delivered = skip if skip else delivered
-        self._chain = CHAIN_START if self.verify and self.positions is None else None
-        self._skip, self._skip_digest = skip, skip_digest
-
-    def start_epoch_at(self, epoch: int, resume: Optional[Checkpoint] = None) -> None:
-        """Start ``epoch`` afresh, or at the position of the checkpoint ``resume`` taken in it."""
-        if resume is None:
-            self.start_epoch(epoch)
-        elif resume.replay_in_main:
-            self.start_epoch(epoch, skip=resume.delivered, skip_digest=resume.digest)
-        else:
-            num_workers = len(resume.workers)
-            self.start_epoch(
-                epoch,
-                delivered=resume.delivered,
-                worker_delivered=[w.delivered for w in resume.workers],
-                last_worker=(resume.next_worker - 1) % num_workers if resume.delivered else -1,
-            )
-
-    @property
-    def digest(self) -> Optional[str]:
-        """The running digest of the items delivered this epoch (main-process replay mode)."""
-        if self._skip:  # not replayed yet: the one the restore started from
-            return self._skip_digest
-        return None if self._chain is None or not self.delivered else chain_hex(self._chain)
+        self.delivered = delivered
 
     if TYPE_CHECKING:  # (at run time, ``_iter`` below, set out of torch's hook)
 
@@ -145,18 +67,8 @@ class Outlet(IterDataPipe):
             """``_iter`` (for type checkers only)."""
 
     def _iter(self) -> Iterator[Any]:
-        """``__iter__`` (set below, out of torch's hook: the iterator checks its epoch itself).
-
-        With isolated RNGs the source's iterator is created with the pipeline's states: a
-        DataPipe may draw as soon as it is iterated."""
-        if self.rng is None:
-            source = iter(self.source_datapipe)
-        else:
-            with self.rng.active():
-                source = iter(self.source_datapipe)
-        iterator = _OutletIterator(self, source, self.epoch)
-        self._ahead = iterator.ahead
-        return iterator
+        """``__iter__`` (set below, out of torch's hook: the iterator checks its epoch itself)."""
+        return OutletIterator(self, iter(self.source_datapipe), self.epoch)
 
     @property
     def _number_of_samples_yielded(self) -> int:  # what torch's hook would have counted
@@ -168,87 +80,41 @@ class Outlet(IterDataPipe):
 
     @property
     def produced_ahead(self) -> int:
-        """Items produced ahead of the user (isolated RNGs), not handed out yet."""
-        return sum(1 for entry in self._ahead if not isinstance(entry, _End))
+        """Items produced ahead of the user and not handed out yet (in this process)."""
+        return 0
 
     def __len__(self) -> int:
         return len(self.source_datapipe)
-
-    def _replay(self, source: Iterator[Any]) -> None:
-        """Drop the ``skip`` items the user already received before the checkpoint; say at INFO
-        that the epoch was restored so, and what it took (a long replay logs its progress)."""
-        skip, expected, self._skip = self._skip, self._skip_digest, 0
-        rng, epoch, progress = self.rng, self.epoch, ReplayProgressLog()
-
-        def on_item(position: int) -> None:
-            if rng is not None:
-                rng.next_item()
-            if not position % PROGRESS_CHECK_ITEMS:  # (the clock is read every so many items)
-                progress.report("main process", epoch, position, skip)
-
-        try:
-            self._chain = replay(
-                source, 0, skip, self._chain, expected, where="main process", epoch=epoch, on_item=on_item
-            )
-        except CheckpointError as e:
-            log_refusal(e, f" while epoch {epoch} was restored")
-            raise
-        self.delivered = skip
-        logger.info(
-            "restored epoch %d at item %d by replay in the main process: %d items replayed, in %.3f s",
-            epoch,
-            skip,
-            skip,
-            progress.clock() - progress.started,
-        )
 
 
 unhooked_iter(Outlet, Outlet._iter)
 
 
-class _End:
-    """Where the source ended (``error`` is ``None``) or raised ``error``, in the read-ahead."""
+class OutletIterator:
+    """The iterator of one epoch of an :class:`Outlet`: ``StopIteration`` once another epoch
+    started, ``ReadingServiceClosedError`` once the reading service was shut down."""
 
-    __slots__ = ("error",)
-
-    def __init__(self, error: Optional[Exception] = None) -> None:
-        self.error = error
-
-
-def data_bytes(item: Any) -> int:
-    """The bytes ``item`` holds in tensors, arrays, strings and bytes, at its top level or one
-    level down (a sample as a tuple, a list or a dict of them); anything else counts nothing."""
-    if isinstance(item, dict):
-        return sum(_own_bytes(value) for value in item.values())
-    if isinstance(item, (tuple, list)):
-        return sum(_own_bytes(value) for value in item)
-    return _own_bytes(item)
-
-
-def _own_bytes(value: Any) -> int:
-    if isinstance(value, (str, bytes, bytearray)):
-        return len(value)
-    try:
-        nbytes = getattr(value, "nbytes", None)  # tensors and numpy arrays
-    except Exception:  # a sparse tensor has none; any other object may raise what it wants
-        return 0
-    return nbytes if isinstance(nbytes, int) else 0
-
-
-class _OutletIterator:
-    __slots__ = ("outlet", "source", "epoch", "ahead")
+    __slots__ = ("outlet", "source", "epoch")
 
     def __init__(self, outlet: Outlet, source: Iterator[Any], epoch: int) -> None:
         self.outlet = outlet
         self.source: Optional[Iterator[Any]] = source
         self.epoch = epoch
-        self.ahead: Deque[Any] = deque()
 
-    def __iter__(self) -> _OutletIterator:
+    def __iter__(self) -> OutletIterator:
         return self
 
     def __next__(self) -> Any:
         outlet = self.outlet
+        self._check(outlet)
+        try:
+            item = self._produce(outlet)
+        except StopIteration:
+            outlet.finished = True
+            raise
+        return self._deliver(outlet, item)
+
+    def _check(self, outlet: Outlet) -> None:
         if outlet.closed:  # also in this process (num_workers=0), where the graph could go on
             raise ReadingServiceClosedError(
                 "the reading service was shut down (DataLoader2.shutdown() or finalize()): its "
@@ -256,61 +122,11 @@ class _OutletIterator:
             )
         if outlet.epoch != self.epoch:
             raise StopIteration  # an iterator of an epoch that is over
-        rng = outlet.rng
-        if rng is not None and outlet.read_ahead:
-            return self._next_read_ahead(outlet, rng)
-        try:
-            if rng is None:
-                item = self._produce(outlet)
-            else:
-                with rng.active():  # this one item, with the pipeline's RNG states
-                    item = self._produce(outlet)
-        except StopIteration:
-            outlet.finished = True
-            raise
-        return self._deliver(outlet, item)
-
-    def _next_read_ahead(self, outlet: Outlet, rng: IsolatedRNG) -> Any:
-        if not self.ahead:
-            with rng.active():
-                self._read_ahead(outlet, rng)
-        entry = self.ahead.popleft()
-        if isinstance(entry, _End):
-            self.ahead.appendleft(entry)  # every later call ends the same way
-            if entry.error is not None:
-                raise entry.error
-            outlet.finished = True
-            raise StopIteration
-        return self._deliver(outlet, entry)
-
-    def _read_ahead(self, outlet: Outlet, rng: IsolatedRNG) -> None:
-        """Produce up to ``READ_AHEAD_ITEMS`` items, as many as ``READ_AHEAD_S`` allows and as
-        many of the first one's size as fit in ``READ_AHEAD_BYTES`` (at least one), and where
-        the source ends or fails if it does."""
-        deadline = time.perf_counter() + READ_AHEAD_S
-        limit = READ_AHEAD_ITEMS
-        for count in range(READ_AHEAD_ITEMS):
-            if count:
-                rng.next_item()  # each item starts as after a swap of its own
-            try:
-                self.ahead.append(self._produce(outlet))
-            except StopIteration:
-                self.ahead.append(_End())
-                return
-            except Exception as e:
-                self.ahead.append(_End(e))
-                return
-            if count == 0:
-                limit = max(1, min(limit, READ_AHEAD_BYTES // max(1, data_bytes(self.ahead[-1]))))
-            if count + 1 >= limit or time.perf_counter() >= deadline:
-                return
 
     def _produce(self, outlet: Outlet) -> Any:
         if self.source is None:
             raise StopIteration
         try:
-            if outlet._skip:
-                outlet._replay(self.source)
             return next(self.source)
         except StopIteration:
             self.source = None
@@ -320,6 +136,4 @@ class _OutletIterator:
         outlet.delivered += 1
         if outlet.positions is not None:
             outlet.positions.deliver_one()
-        elif outlet._chain is not None:
-            outlet._chain = chain(outlet._chain, item)
         return item

@@ -4,31 +4,29 @@ Two runtimes have it: :class:`~torchdata_snapshot.core.main.in_process.InProcess
 (``num_workers=0``: the whole graph runs in the main process) and
 :class:`~torchdata_snapshot.core.main.worker_processes.WorkerProcesses` (the replicable part
 runs in worker processes, and in a dispatching process what runs once). The reading service's
-:class:`~torchdata_snapshot.core.session.Session` drives either through this protocol, behind
-the :class:`~torchdata_snapshot.core.main.outlet.Outlet` that counts what the user received.
+:class:`~torchdata_snapshot.core.session.Session` starts one and drives it through this protocol,
+behind the :class:`~torchdata_snapshot.core.main.outlet.Outlet` that counts what the user received.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, List, Optional, Protocol, Tuple
+from typing import Any, Callable, List, Optional, Protocol
 
 import torch.multiprocessing as mp
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.random import SeedGenerator
 
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
-from torchdata_snapshot.checkpoint.format import WorkerPosition
-from torchdata_snapshot.checkpoint.positions import UserPositions
-from torchdata_snapshot.checkpoint.restore_plan import PendingRestore
-from torchdata_snapshot.checkpoint.rng_states import IsolatedRNG
-from torchdata_snapshot.core.main.consumer import credit_window
-from torchdata_snapshot.core.main.in_process import InProcess
+from torchdata_snapshot.core.main.consumer import WorkerConsumer, credit_window
 from torchdata_snapshot.core.main.outlet import Outlet
+from torchdata_snapshot.core.main.positions import UserPositions
 from torchdata_snapshot.core.main.worker_processes import WorkerProcesses
+from torchdata_snapshot.core.messages import ElasticEpoch
 from torchdata_snapshot.core.options import RuntimeOptions, TensorPoolOptions
+from torchdata_snapshot.core.plugins import StreamLog
 
-__all__ = ["Runtime", "shut_down_when_broken", "start_runtime"]
+__all__ = ["Runtime", "shut_down_when_broken", "start_workers"]
 
 
 class Runtime(Protocol):
@@ -40,11 +38,7 @@ class Runtime(Protocol):
 
     @property
     def positions(self) -> Optional[UserPositions]:
-        """The user's position in each worker's stream, or ``None`` (the outlet replays)."""
-
-    @property
-    def rng(self) -> Optional[IsolatedRNG]:
-        """The graph's own global RNG states, swapped in around each item, or ``None``."""
+        """The user's position in each worker's stream, or ``None`` (not tracked)."""
 
     @property
     def broken(self) -> Optional[str]:
@@ -56,13 +50,12 @@ class Runtime(Protocol):
         epoch: int,
         seed_generator: SeedGenerator,
         iter_reset_fn: Optional[Callable],
-        resume: Optional[PendingRestore],
+        elastic: Optional[ElasticEpoch] = None,
+        replay: Optional[Callable[[WorkerConsumer], None]] = None,
     ) -> None:
-        """Seed and reset the graph for ``epoch``; ``resume``: the restore it resumes (the
-        outlet replays what its runtime does not)."""
-
-    def worker_positions(self, positions: Optional[UserPositions]) -> Tuple[WorkerPosition, ...]:
-        """What a checkpoint records of each worker's stream at the user's ``positions``."""
+        """Seed and reset the graph for ``epoch``; ``elastic``: the epoch resumes elastically (in
+        workers); ``replay`` brings the workers' streams to a restored position before they
+        produce (the checkpoint's, which the outlet replays where workers do not)."""
 
     def pause(self, pause_fn: Optional[Callable]) -> None:
         """``DataLoader2.pause``: stop the graph's processes, applying ``pause_fn`` in each."""
@@ -80,32 +73,21 @@ class Runtime(Protocol):
         """Stop every process, bounded; idempotent."""
 
 
-def start_runtime(datapipe: DataPipe, options: RuntimeOptions) -> Tuple[Runtime, Outlet]:
-    """Run ``datapipe`` as ``options`` say: in worker processes (``num_workers > 0``; with
+def start_workers(
+    datapipe: DataPipe, options: RuntimeOptions, stream_log: Optional[Callable[[], StreamLog]] = None
+) -> WorkerProcesses:
+    """Run ``datapipe`` in ``options.num_workers`` worker processes (with
     ``tensor_pool_slot_bytes``, each worker gets a tensor pool whose slots grow up to that size,
-    see :class:`~torchdata_snapshot.core.plugins.TensorPoolFeature`) or in this process; and the
-    outlet, the last DataPipe, that counts what the user receives from it."""
-    runtime: Runtime
-    worker = options.worker
-    if options.num_workers:
-        window = credit_window(options.num_workers, *options.prefetch)
-        ctx = mp.get_context(options.multiprocessing_context)
-        pool = None
-        if options.tensor_pool_slot_bytes is not None:
-            pool = TensorPoolOptions.for_window(window, options.tensor_pool_slot_bytes)
-        runtime = WorkerProcesses.start(
-            datapipe, ctx, options.num_workers, worker, window, options.faults, pool
-        )
-    else:
-        runtime = InProcess(datapipe, worker.custom_init_fn, options.isolate_rng)
-    outlet = Outlet(
-        runtime.end,
-        runtime.positions,
-        verify=worker.restore.verify_replay,
-        rng=runtime.rng,
-        read_ahead=options.read_ahead,
+    see :class:`~torchdata_snapshot.core.plugins.TensorPoolFeature`); ``stream_log`` makes the log
+    each worker stream keeps (a checkpoint's)."""
+    window = credit_window(options.num_workers, *options.prefetch)
+    ctx = mp.get_context(options.multiprocessing_context)
+    pool = None
+    if options.tensor_pool_slot_bytes is not None:
+        pool = TensorPoolOptions.for_window(window, options.tensor_pool_slot_bytes)
+    return WorkerProcesses.start(
+        datapipe, ctx, options.num_workers, options.worker, window, options.faults, pool, stream_log
     )
-    return runtime, outlet
 
 
 def shut_down_when_broken(method: Callable[..., Any]) -> Callable[..., Any]:

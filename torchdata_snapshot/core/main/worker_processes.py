@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import atexit
 import os
-from typing import Any, Callable, List, Optional, Tuple, Type, TypeVar
+from typing import Any, Callable, List, Optional, Type, TypeVar
 
 from torchdata.dataloader2.graph import DataPipe, replace_dp, set_graph_random_seed, traverse_dps
 from torchdata.dataloader2.graph.utils import _find_replicable_branches
@@ -24,13 +24,12 @@ from torchdata.dataloader2.utils.dispatch import find_lca_round_robin_sharding_d
 from torchdata_snapshot._constants import EXIT_JOIN_TIMEOUT_S, SMALL_ITEMS_PREFETCH_BYTES
 from torchdata_snapshot._errors import ProtocolError
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
-from torchdata_snapshot.checkpoint.format import WorkerPosition
-from torchdata_snapshot.checkpoint.positions import UserPositions, not_one_to_one
-from torchdata_snapshot.checkpoint.restore_plan import PendingRestore
 from torchdata_snapshot.core.main.consumer import WorkerConsumer
 from torchdata_snapshot.core.main.launcher import ProcessLauncher
 from torchdata_snapshot.core.main.outlet import Outlet
+from torchdata_snapshot.core.main.positions import UserPositions, not_one_to_one
 from torchdata_snapshot.core.messages import (
+    ElasticEpoch,
     ErrorResponse,
     GetStateRequest,
     GetStateResponse,
@@ -48,7 +47,7 @@ from torchdata_snapshot.core.messages import (
     TerminateResponse,
 )
 from torchdata_snapshot.core.options import FaultOptions, TensorPoolOptions, WorkerOptions
-from torchdata_snapshot.core.plugins import Replacer, require
+from torchdata_snapshot.core.plugins import Replacer, StreamLog, require
 from torchdata_snapshot.core.transport.channel import Channel
 from torchdata_snapshot.core.worker.worker_graph import DispatchPlaceholder
 
@@ -132,10 +131,12 @@ class WorkerProcesses:
         window: int,
         faults: FaultOptions,
         tensor_pool: Optional[TensorPoolOptions] = None,
+        stream_log: Optional[Callable[[], StreamLog]] = None,
     ) -> WorkerProcesses:
         """Split ``datapipe`` and start its processes; the graph is checked before any starts.
         ``tensor_pool``: each worker gets a pool of that size (see
-        :class:`~torchdata_snapshot.core.plugins.TensorPoolFeature`)."""
+        :class:`~torchdata_snapshot.core.plugins.TensorPoolFeature`); ``stream_log``: makes the
+        log each worker stream keeps (a checkpoint's)."""
         graph = traverse_dps(datapipe)
         dispatching_dp = find_lca_round_robin_sharding_dp(graph)
         if dispatching_dp is not None:
@@ -177,6 +178,7 @@ class WorkerProcesses:
             positions=None if not_one_to_one(datapipe, replicable_dp) else UserPositions(num_workers),
             replacer=_replacer(launcher, faults),
             small_items_bytes=SMALL_ITEMS_PREFETCH_BYTES,
+            stream_log=stream_log,
         )
         if replicable_dp is datapipe:
             return cls(launcher, consumer, dispatcher, consumer)
@@ -200,32 +202,25 @@ class WorkerProcesses:
         epoch: int,
         seed_generator: SeedGenerator,
         iter_reset_fn: Optional[Callable],
-        resume: Optional[PendingRestore],
+        elastic: Optional[ElasticEpoch] = None,
+        replay: Optional[Callable[[WorkerConsumer], None]] = None,
     ) -> None:
         """Reset every process to ``epoch`` (workers first: one of them may be waiting for a
-        dispatched item of the old epoch), replay a restore, then let the workers produce.
-        ``resume``: the restore the epoch resumes, exactly or elastically (see
-        :class:`~torchdata_snapshot.checkpoint.restore_plan.PendingRestore`)."""
+        dispatched item of the old epoch), ``replay`` a restore (it brings the consumer's streams
+        to their restored positions), then let the workers produce. ``elastic``: the epoch
+        resumes elastically (see :class:`~torchdata_snapshot.core.messages.ElasticEpoch`)."""
         # The main process's DataPipes (the non-replicable tail) are seeded from the generator
         # itself, each worker from its spawn, as torchdata does.
         set_graph_random_seed(outlet, seed_generator)
         seeds = [seed_generator.spawn(worker_id) for worker_id in range(self.num_workers)]
-        self.consumer.reset_epoch(epoch, seeds, iter_reset_fn, None if resume is None else resume.elastic)
+        self.consumer.reset_epoch(epoch, seeds, iter_reset_fn, elastic)
         if self.dispatcher is not None:
             self.dispatcher.ask(
                 ResetEpochRequest(seed_generator, iter_reset_fn, epoch=epoch), ResetEpochResponse
             )
-        if resume is not None and not resume.checkpoint.replay_in_main:
-            checkpoint = resume.checkpoint  # the replay may need the dispatcher's new epoch
-            self.consumer.replay(checkpoint.workers, checkpoint.next_worker)
+        if replay is not None:  # (after the dispatcher's reset: the replay may need its new epoch)
+            replay(self.consumer)
         self.consumer.start_epoch()
-
-    def worker_positions(self, positions: Optional[UserPositions]) -> Tuple[WorkerPosition, ...]:
-        """What a checkpoint records of each worker's stream at the user's ``positions`` (without
-        them, the outlet replays: every worker restarts at the epoch's beginning)."""
-        if positions is None:
-            return (WorkerPosition(),) * self.num_workers
-        return tuple(self.consumer.position(i, d) for i, d in enumerate(positions.delivered))
 
     def pause(self, pause_fn: Optional[Callable]) -> None:
         # Workers first: they finish their current item, which may need the dispatcher.

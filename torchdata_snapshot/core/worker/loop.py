@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.utils.worker import WorkerInfo, process_reset_fn
@@ -200,6 +200,14 @@ class WorkerLoop(ServingLoop):
         return [dp for _, dp in self._graph]
 
     # --- what a subclass extends ----------------------------------------------------------------
+
+    @classmethod
+    def carried_arguments(
+        cls, datapipe: DataPipe, options: WorkerOptions, start_method: str
+    ) -> Dict[str, Any]:
+        """The keyword arguments of this loop's own that a worker running ``datapipe`` gets from
+        the main process, which calls this before starting workers with ``start_method``."""
+        return {}
 
     def _prepare(self, datapipe: DataPipe) -> DataPipe:
         """The graph this loop runs, made from the worker's graph once, before the first epoch
