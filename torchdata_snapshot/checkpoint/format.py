@@ -83,7 +83,9 @@ __all__ = [
 ]
 
 FORMAT = "torchdata_snapshot.MultiProcessingReadingService"
-FORMAT_VERSION = 8
+#: 9: epochs are seeded as torchdata seeds them, the generator advanced after (the seeds an
+#: earlier version recorded would restore other data).
+FORMAT_VERSION = 9
 
 #: Where the run stood: no epoch started yet, in an epoch, or the epoch's end reached the user.
 Status = Literal["idle", "in_epoch", "finished"]

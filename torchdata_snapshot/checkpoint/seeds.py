@@ -17,7 +17,6 @@ from torchdata_snapshot._compat.seed_generator import load_seed_engine_states, s
 from torchdata_snapshot._errors import InvalidCheckpointError
 
 __all__ = [
-    "advance_epoch_seed",
     "check_seed_state",
     "drawn_by_unseeded_dataloader2",
     "load_seed_state",
@@ -54,25 +53,6 @@ def _ints(value: Any, length: Optional[int], where: str) -> List[int]:
             f"seed state: {where} must be a list of {length or 'some'} 32-bit integers, got {value!r}"
         )
     return value
-
-
-def advance_epoch_seed(seed_generator: SeedGenerator) -> None:
-    """Advance ``seed_generator`` in place, so that the next epoch gets other seeds.
-
-    An epoch's data and its workers' RNG states are a function of the graph and of the state
-    of the generator DataLoader2 hands to ``initialize_iteration``, nothing else: no epoch
-    counter is mixed in, so re-seeding DataLoader2's generator the same way (``dl.seed(s)``, or
-    without it the global ``torch`` seed ``iter()`` draws it from) repeats an epoch exactly.
-    torchdata's MultiProcessingReadingService seeds workers with
-    ``seed_generator.spawn(worker_id)``, which does not advance the generator: with ``dl.seed(s)``,
-    unless a random DataPipe runs in the main process, every epoch got the same seeds and repeated
-    the same shuffle. Called once the epoch is seeded, so that the epoch itself gets the seeds
-    torchdata gives it: the shared stream moves by one draw, and the per-process stream (whose
-    spawns depend on how it was seeded, not on its draws) is replaced by its spawn at an index
-    drawn from itself, which keeps the rank-specific part ``DistributedReadingService`` put there.
-    """
-    seed_generator.generate_shared_seed()
-    seed_generator.spawn(seed_generator.generate_seed(), inplace=True)
 
 
 def own_seed_generator(seed_generator: SeedGenerator) -> SeedGenerator:

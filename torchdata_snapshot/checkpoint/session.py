@@ -38,13 +38,14 @@ from torchdata_snapshot.checkpoint.restore_plan import (
     rewind,
     sharding_of,
 )
-from torchdata_snapshot.checkpoint.seeds import advance_epoch_seed, seed_state
+from torchdata_snapshot.checkpoint.seeds import seed_state
 from torchdata_snapshot.checkpoint.stream_log import StreamLog, replay_request
 from torchdata_snapshot.core.main.consumer import WorkerConsumer
 from torchdata_snapshot.core.main.outlet import Outlet
 from torchdata_snapshot.core.main.runtime import Runtime, start_workers
 from torchdata_snapshot.core.messages import ElasticEpoch
 from torchdata_snapshot.core.options import RuntimeOptions
+from torchdata_snapshot.core.seeding import seeding_epoch
 from torchdata_snapshot.core.session import Session
 
 __all__ = ["CheckpointSession", "RestorePlan", "checkpoint_before_start", "replay_streams"]
@@ -258,18 +259,14 @@ class CheckpointSession(Session):
                 replay_streams(consumer, epoch, checkpoint.workers, checkpoint.next_worker)
 
         try:
-            self.runtime.start_epoch(
-                self.outlet, self.epoch, seed_generator, iter_reset_fn, self.elastic, replay
-            )
+            with seeding_epoch(seed_generator, in_workers=bool(self.num_workers)):
+                self.runtime.start_epoch(
+                    self.outlet, self.epoch, seed_generator, iter_reset_fn, self.elastic, replay
+                )
         except CheckpointError as e:  # a file changed, replay diverged, a state did not load
             if resume is not None:
                 log_refusal(e, f" while epoch {self.epoch} was restored")
             raise
-        # The epoch was seeded as torchdata seeds it; the next one must get other seeds. Workers
-        # are seeded from spawns, which leave the generator as it was. In this process the
-        # DataPipes draw from it, as torchdata's do: it is advanced only if none drew.
-        if self.num_workers or seed_state(seed_generator) == self.epoch_seed:
-            advance_epoch_seed(seed_generator)
         cast(ReplayingOutlet, self.outlet).start_epoch_at(
             self.epoch, None if resume is None else resume.checkpoint
         )

@@ -28,6 +28,7 @@ from torchdata_snapshot.core.main.in_process import InProcess
 from torchdata_snapshot.core.main.outlet import Outlet
 from torchdata_snapshot.core.main.runtime import Runtime, start_workers
 from torchdata_snapshot.core.options import RuntimeOptions
+from torchdata_snapshot.core.seeding import seeding_epoch
 
 __all__ = ["Session"]
 
@@ -108,9 +109,10 @@ class Session:
     def start_epoch(
         self, seed_generator: SeedGenerator, iter_reset_fn: Optional[Callable[[DataPipe], DataPipe]]
     ) -> None:
-        """Start the next epoch with ``seed_generator``'s seeds."""
+        """Start the next epoch with ``seed_generator``'s seeds (:mod:`torchdata_snapshot.core.seeding`)."""
         self.epoch += 1
-        self.runtime.start_epoch(self.outlet, self.epoch, seed_generator, iter_reset_fn)
+        with seeding_epoch(seed_generator, in_workers=bool(self.num_workers)):
+            self.runtime.start_epoch(self.outlet, self.epoch, seed_generator, iter_reset_fn)
         self.outlet.start_epoch(self.epoch)
 
     def pause(self, pause_fn: Optional[Callable[[DataPipe], DataPipe]]) -> None:
