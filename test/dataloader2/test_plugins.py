@@ -36,8 +36,13 @@ LAYERS: Dict[str, List[str]] = {
 }
 
 #: The option of the reading service that asks for each feature, and a value that does.
-OPTIONS = {"elastic": "elastic", "healing": "restart_dead_workers", "tensor_pool": "tensor_pool"}
-VALUES = {"elastic": True, "restart_dead_workers": 1, "tensor_pool": True}
+OPTIONS = {
+    "elastic": "elastic",
+    "graph_state": "stateful",
+    "healing": "restart_dead_workers",
+    "tensor_pool": "tensor_pool",
+}
+VALUES = {"elastic": True, "restart_dead_workers": 1, "stateful": True, "tensor_pool": True}
 
 #: Run in a fresh process against a copy of the package without some feature folders: a whole
 #: epoch through two workers, a checkpoint after 7 items resumed in a new DataLoader2, then each
@@ -150,6 +155,10 @@ def test_without_restores_from_captured_states_a_checkpoint_resumes_by_replay(tm
         "epoch True",
         "resume True ",
     ]
+    assert out[-1] == (
+        "refused stateful stateful=True needs torchdata_snapshot.graph_state.worker_loop, which this "
+        "installation lacks"
+    )
 
 
 def test_without_the_checkpoint_the_core_streams_and_a_restore_starts_the_epoch_over(tmp_path: Path) -> None:

@@ -152,12 +152,12 @@ class TestReadingService(SuiteTestCase):
             2,
             verify_replay=False,
             max_items_between_captures=7,
-            stateful=True,
+            stateful=False,
             control_timeout_s=3.0,
             timeout_s=60.0,
         )
         assert service.restore_options == RestoreOptions(
-            verify_replay=False, max_items_between_captures=7, stateful=True
+            verify_replay=False, max_items_between_captures=7, stateful=False
         )
         assert service.fault_options == FaultOptions(3.0, 60.0)
         assert MultiProcessingReadingService(2).restore_options == RestoreOptions()

@@ -12,6 +12,7 @@ from worker_driver import items_of, reset, serve
 
 from torchdata_snapshot import register_state_functions
 from torchdata_snapshot._errors import StateCaptureError
+from torchdata_snapshot.checkpoint.worker_loop import ReplayingWorkerLoop
 from torchdata_snapshot.core import messages as m
 from torchdata_snapshot.core import plugins
 from torchdata_snapshot.core.options import RestoreOptions, WorkerOptions
@@ -149,14 +150,20 @@ class TestStatefulWorker(SuiteTestCase):
             m.TerminateRequest,
         }
 
-    def test_a_worker_runs_this_loop_where_it_is_installed_else_the_streaming_one(self) -> None:
+    def test_a_worker_runs_this_loop_where_it_is_installed_else_a_less_capable_one(self) -> None:
         self.addCleanup(plugins.installed.cache_clear)
         plugins.installed.cache_clear()
         assert installed_loop() is StatefulWorkerLoop
         missing = ("no_such_package.worker_loop", "StatefulWorkerLoop")
-        self.monkeypatch.setattr(plugins, "FEATURES", {**plugins.FEATURES, "worker_loop": missing})
+        replaying = plugins.FEATURES["worker_loop"][-1]
+        self.monkeypatch.setattr(
+            plugins, "FEATURES", {**plugins.FEATURES, "worker_loop": (missing, replaying)}
+        )
         plugins.installed.cache_clear()
-        assert installed_loop() is WorkerLoop
+        assert installed_loop() is ReplayingWorkerLoop, "restores by replay"
+        self.monkeypatch.setattr(plugins, "FEATURES", {**plugins.FEATURES, "worker_loop": (missing,)})
+        plugins.installed.cache_clear()
+        assert installed_loop() is WorkerLoop, "streams"
 
 
 if __name__ == "__main__":

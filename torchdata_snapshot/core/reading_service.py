@@ -40,7 +40,7 @@ from torchdata_snapshot.core.options import (
     check_start_method,
     check_type,
 )
-from torchdata_snapshot.core.plugins import installed, require, uses_tensor_pool
+from torchdata_snapshot.core.plugins import FEATURES, installed, require, uses_tensor_pool
 from torchdata_snapshot.core.session import Session
 
 __all__ = ["MultiProcessingReadingService"]
@@ -155,6 +155,9 @@ class MultiProcessingReadingService(
         self.worker_reset_fn = worker_reset_fn
         self.batching = check_type("batching", batching, BatchingOptions)
         self.restore_options = RestoreOptions(verify_replay, max_items_between_captures, stateful)
+        if stateful and not getattr(installed().worker_loop, "CAPTURES_STATES", False):
+            module = FEATURES["worker_loop"][0][0]
+            raise ValueError(f"stateful=True needs {module}, which this installation lacks")
         self.fault_options = FaultOptions(control_timeout_s, timeout_s, restart_dead_workers)
         if self.fault_options.restart_dead_workers:
             require("replacer", "restart_dead_workers")

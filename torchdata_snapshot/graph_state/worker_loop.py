@@ -39,6 +39,8 @@ class StatefulWorkerLoop(ReplayingWorkerLoop):
     (``state_functions``: those of
     :func:`~torchdata_snapshot.graph_state.worker_states.carried_state_functions`)."""
 
+    CAPTURES_STATES = True
+
     def __init__(
         self,
         datapipe: DataPipe,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.utils.worker import WorkerInfo, process_reset_fn
@@ -200,6 +200,9 @@ class WorkerLoop(ServingLoop):
         return [dp for _, dp in self._graph]
 
     # --- what a subclass extends ----------------------------------------------------------------
+
+    #: Whether this loop restores a graph from its captured states (``stateful=True`` needs one).
+    CAPTURES_STATES: ClassVar[bool] = False
 
     @classmethod
     def carried_arguments(
