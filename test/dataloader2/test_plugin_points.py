@@ -35,8 +35,10 @@ class TestPluginPoints(SuiteTestCase):
         super().setUp()
 
     def features(self, **found: Any) -> None:
-        """What :func:`plugins.installed` looks for, for this test: ``{field: (module, name)}``."""
-        self.monkeypatch.setattr(plugins, "FEATURES", {**plugins.FEATURES, **found})
+        """What :func:`plugins.installed` looks for, for this test: ``{field: (module, name)}``, or
+        several, the most capable first."""
+        offers = {field: value if isinstance(value[0], tuple) else (value,) for field, value in found.items()}
+        self.monkeypatch.setattr(plugins, "FEATURES", {**plugins.FEATURES, **offers})
         plugins.installed.cache_clear()
 
     def test_a_feature_whose_module_is_missing_is_none_and_its_option_is_refused_naming_it(self) -> None:
@@ -56,6 +58,20 @@ class TestPluginPoints(SuiteTestCase):
             str(refused.value),
             """restart_dead_workers needs no_such_package.healing, which this installation lacks""",
         )
+
+    def test_the_most_capable_of_the_installed_offers_is_used(self) -> None:
+        self.features(session=(("no_such_package.stateful", "Session"), ("json", "JSONDecoder")))
+        import json
+
+        assert plugins.installed().session is json.JSONDecoder
+        self.features(session=(("json", "JSONEncoder"), ("json", "JSONDecoder")))
+        assert plugins.installed().session is json.JSONEncoder
+        self.features(
+            session=(("no_such_package.stateful", "Session"), ("no_such_package.replay", "Session"))
+        )
+        assert plugins.installed().session is None
+        with pytest.raises(ValueError, match=r"^restore\(\) needs no_such_package.replay, which"):
+            plugins.require("session", "restore()")
 
     def test_the_pool_is_on_by_default_only_where_installed_and_the_platform_has_it(self) -> None:
         self.features(tensor_pool=(__name__, "Pool"))

@@ -9,15 +9,16 @@ import unittest
 from typing import List, Tuple
 
 import psutil
-from pipelines import started_session
+from pipelines import CONTEXT
 from suite_case import SuiteTestCase
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.datapipes.iter import IterableWrapper
 
 from torchdata_snapshot.core.main.in_process import InProcess
 from torchdata_snapshot.core.main.outlet import Outlet
-from torchdata_snapshot.core.main.runtime import Runtime
+from torchdata_snapshot.core.main.runtime import Runtime, start_workers
 from torchdata_snapshot.core.main.worker_processes import WorkerProcesses
+from torchdata_snapshot.core.options import FaultOptions, RestoreOptions, RuntimeOptions, WorkerOptions
 
 Running = Tuple[Runtime, Outlet]
 
@@ -43,8 +44,21 @@ class RuntimeTests:
     def running(self) -> Running:
         """The runtime and its outlet, shut down after the test, leaving no process behind."""
         before = {p.pid for p in _children()}
-        session = started_session(IterableWrapper(range(10)).sharding_filter(), self.num_workers)
-        runtime, outlet = session.runtime, session.outlet
+        datapipe = IterableWrapper(range(10)).sharding_filter()
+        runtime: Runtime
+        if self.num_workers:
+            options = RuntimeOptions(
+                num_workers=self.num_workers,
+                multiprocessing_context=CONTEXT,
+                prefetch=(2, 2),
+                # (Whatever worker loop is installed: one that captures no states sends items only.)
+                worker=WorkerOptions(restore=RestoreOptions(stateful=False)),
+                faults=FaultOptions(control_timeout_s=30.0, timeout_s=30.0),
+            )
+            runtime = start_workers(datapipe, options)
+        else:
+            runtime = InProcess(datapipe, None)
+        outlet = Outlet(runtime.end, runtime.positions)
 
         def shut_down() -> None:
             runtime.shutdown(5.0)

@@ -1,19 +1,17 @@
-"""The two ends of a stream: messages of queued items, and the credit window, which grows for
-small items that travel whole in their pickles and never for items holding shared memory (what a
-checkpoint keeps of a stream: test_stream_log.py)."""
+"""One worker's stream as the main process records it: what it received, buffered and handed on
+always add up, where it ended is kept in order, and its credit window follows the largest items
+of the epoch (what a checkpoint keeps of a stream: test_stream_log.py)."""
 
 from __future__ import annotations
 
-import pickle
 import unittest
 
-from suite_case import SuiteTestCase
-from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
+from torch.testing._internal.common_utils import TestCase
 
 from torchdata_snapshot._constants import SMALL_ITEMS_MAX_WINDOW
 from torchdata_snapshot.core.main.worker_record import WorkerRecord
-from torchdata_snapshot.core.messages import ItemsResponse
-from torchdata_snapshot.core.transport.batches import Credit, QueuedItem, items_message, small_items_window
+from torchdata_snapshot.core.messages import ItemsResponse, StopIterationResponse
+from torchdata_snapshot.core.transport.batches import END
 from torchdata_snapshot.core.transport.item_codec import ItemEncoder
 
 BUDGET = 1 << 18
@@ -22,6 +20,7 @@ BUDGET = 1 << 18
 def stream_after(*messages: ItemsResponse) -> WorkerRecord:
     stream = WorkerRecord(0, None, window=21, small_items_bytes=BUDGET)  # type: ignore[arg-type]
     stream.start()
+    stream.grant()  # the epoch's first credit, as the consumer grants it
     for message in messages:
         assert stream.file(message, epoch=0)
     return stream
@@ -41,30 +40,27 @@ def strings(count: int, size: int) -> ItemsResponse:
     return ItemsResponse(0, *encoder.take(), None)
 
 
-class TestStream(SuiteTestCase):
-    def test_a_message_counts_the_items_holding_shared_memory(self) -> None:
-        batch = [QueuedItem(1, pickle.dumps(i), None, shared=i % 2 == 0) for i in range(5)]
-        message = items_message(batch)
-        assert (message.epoch, message.count, message.shared) == (1, 5, 3)
+class TestStream(TestCase):
+    def test_received_buffered_and_handed_on_always_add_up(self) -> None:
+        stream = stream_after(ints(3))
+        self.assertEqual((stream.received, stream.handed_on, stream.credit.granted), (3, 0, 21))
+        self.assertEqual([stream.take(), stream.take()], [0, 1])
+        self.assertTrue(stream.counts_add_up())
+        self.assertEqual((stream.received, stream.handed_on), (3, 2))
 
-    def test_a_message_names_the_items_whose_production_opened_files(self) -> None:
-        batch = [QueuedItem(1, pickle.dumps(i), opened=b"f%d" % i if i in (1, 4) else None) for i in range(5)]
-        assert items_message(batch).opened == ((1, b"f1"), (4, b"f4"))
+    def test_the_end_of_a_stream_comes_after_its_items_and_stale_epochs_are_dropped(self) -> None:
+        stream = stream_after(ints(2))
+        self.assertTrue(stream.file(StopIterationResponse(0), epoch=0))
+        self.assertTrue(stream.file(ints(5), epoch=1), "a data message of another epoch is dropped")
+        self.assertEqual([stream.take(), stream.take()], [0, 1])
+        self.assertFalse(stream.exhausted)
+        self.assertIs(stream.take(), END)
+        self.assertTrue(stream.exhausted and stream.counts_add_up())
 
-    @parametrize(
-        "item_bytes, shared, window",
-        [
-            (5, False, SMALL_ITEMS_MAX_WINDOW),  # ints: as many as allowed
-            (2048, False, BUDGET // 2048),  # 2 KB strings: 128, the budget's worth
-            (100_000, False, 21),  # large pickles: the prefetch counts
-            (5, True, 21),  # tensors were among them: their size is unknown
-        ],
-    )
-    def test_the_window_grows_for_small_items_only(self, item_bytes: int, shared: bool, window: int) -> None:
-        assert small_items_window(21, item_bytes, shared, BUDGET) == window
+    def test_a_control_answer_is_not_the_streams(self) -> None:
+        from torchdata_snapshot.core.messages import PauseResponse
 
-    def test_without_a_budget_the_window_is_the_prefetch_counts(self) -> None:
-        assert small_items_window(21, 5, False, 0) == 21
+        self.assertFalse(stream_after().file(PauseResponse(), epoch=0))
 
     def test_a_stream_keeps_the_window_its_largest_items_allow_for_the_epoch(self) -> None:
         assert stream_after(ints(64)).credit.window == SMALL_ITEMS_MAX_WINDOW
@@ -75,16 +71,6 @@ class TestStream(SuiteTestCase):
         stream = stream_after(strings(2, 100_000))
         stream.start()
         assert stream.file(ints(64), epoch=0) and stream.credit.window == SMALL_ITEMS_MAX_WINDOW
-
-    def test_a_shrunk_window_grants_nothing_until_half_of_it_is_outstanding(self) -> None:
-        credit = Credit(512)
-        assert credit.top_up(0) == 512
-        credit.window = 21  # larger items came
-        assert credit.top_up(400) == 0  # 112 outstanding
-        assert credit.top_up(502) == 11  # 10 outstanding: topped up to 21
-
-
-instantiate_parametrized_tests(TestStream)
 
 
 if __name__ == "__main__":
