@@ -1,7 +1,8 @@
 """What torchdata's own DataLoader2 tests expect of a MultiProcessingReadingService, in our words
-(docs/migration.rst): the graph the reading service adapted, restarting a saved epoch from its
-beginning, seeds that depend only on the SeedGenerator handed over, breaking out early, and
-``num_workers=0`` running the pipeline when the user asks for an item."""
+(docs/migration.rst): the graph the reading service adapted, seeds that depend only on the
+SeedGenerator handed over, breaking out early, pausing and limiting, and ``num_workers=0`` running
+the pipeline when the user asks for an item, seeded as torchdata seeds it (restarting a saved
+epoch and the pipeline's own RNG states: test_restore_semantics.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import random
 import threading
 import unittest
 import warnings
-from typing import Any, Callable, List, Tuple
+from typing import Any, List, Tuple
 
 import numpy
 import pytest
@@ -21,9 +22,6 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torchdata.dataloader2 import DataLoader2
 from torchdata.dataloader2.reading_service import MultiProcessingReadingService as TorchdataMPRS
 from torchdata.datapipes.iter import IterableWrapper
-
-import torchdata_snapshot.checkpoint.outlet as outlet_module
-from torchdata_snapshot._constants import READ_AHEAD_ITEMS
 
 
 def reseed_globals(seed: int) -> None:
@@ -61,68 +59,6 @@ def at_curriculum_level(x: int) -> Tuple[int, int]:
     return x, CURRICULUM_LEVEL
 
 
-def with_global_normals(x: int) -> Tuple[Any, ...]:
-    """Uses the three global RNGs, an odd number of numpy normals among them."""
-    return (
-        x,
-        random.random(),
-        random.gauss(0, 1),
-        float(torch.rand(())),
-        float(torch.randn(())),
-        float(numpy.random.rand()),
-        float(numpy.random.normal()),
-    )
-
-
-def training_loop_draws() -> None:
-    random.random()
-    random.gauss(0, 1)
-    torch.randn(3)
-    numpy.random.normal()
-
-
-class OtherThread:
-    """A thread of the training process that draws from ``random`` while the loop works on an
-    item, between two ``next()``: as many times as it happens to (1 to 100, from an RNG that is
-    not the global one). (Draws made *during* ``next()`` would come from the pipeline's states,
-    which are process-wide while the item is produced: the docs say so.)"""
-
-    def __init__(self) -> None:
-        self.gap, self.done = threading.Semaphore(0), threading.Semaphore(0)
-        self.closing = False
-        self.draws = 0
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        how_many = random.SystemRandom()
-        while self.gap.acquire(timeout=30) and not self.closing:
-            for _ in range(how_many.randrange(1, 101)):
-                random.random()
-                self.draws += 1
-            self.done.release()
-
-    def between_items(self) -> None:
-        self.gap.release()
-        assert self.done.acquire(timeout=30), "the thread answers"
-
-    def close(self) -> None:
-        self.closing = True
-        self.gap.release()
-        self.thread.join(30)
-
-
-def two_epochs(make_dl: Any, between_items: Callable[[], None], read_ahead: bool = False) -> List[Any]:
-    pipe = IterableWrapper(range(400)).shuffle().sharding_filter().map(with_global_normals)
-    dl = make_dl(pipe, rs(0, read_ahead=read_ahead))
-    items = []
-    for _ in range(2):
-        for item in dl:
-            items.append(item)
-            between_items()
-    return items
-
-
 class TestDataloader2Semantics(SuiteTestCase):
     @parametrize("num_workers", [0, 2])
     def test_the_end_datapipe_is_the_last_datapipe_of_the_adapted_graph(self, num_workers: int) -> None:
@@ -132,62 +68,6 @@ class TestDataloader2Semantics(SuiteTestCase):
             "what DataLoader2's own reading service puts there"
         )
         assert sorted(list(it) + list(dl)) == sorted(2 * list(range(10)))
-
-    @parametrize("via", ["from_state", "load_state_dict"])
-    @parametrize("options", [{"num_workers": 0}, {"stateful": False}, {"max_items_between_captures": 2}])
-    def test_restore_checkpoint_beginning_of_epoch_restarts_the_saved_epoch(
-        self, via: str, options: Any
-    ) -> None:
-        options = {"num_workers": 2, **options}
-        dl = self.make_dl(pipeline("shuffle_after_sharding", 40), rs(**options))
-        first_epoch = list(dl)
-        it = iter(dl)
-        second_epoch_head = take(it, 7)
-        state = dl.state_dict()
-        second_epoch = second_epoch_head + list(it)
-        assert second_epoch != first_epoch
-        if via == "from_state":
-            again = DataLoader2.from_state(state, rs(**options))
-        else:
-            again = DataLoader2(pipeline("shuffle_after_sharding", 40), reading_service=rs(**options))
-            again.load_state_dict(state)
-        try:
-            again._restore_checkpoint_beginning_of_epoch()
-            assert list(again) == second_epoch, "the whole saved epoch, from its first item"
-        finally:
-            again.shutdown()
-
-    def test_without_that_call_the_saved_epoch_resumes_mid_epoch(self) -> None:
-        dl = self.make_dl(pipeline("shuffle_after_sharding", 40), rs(2))
-        it = iter(dl)
-        head = take(it, 7)
-        state = dl.state_dict()
-        rest = list(it)
-        again = DataLoader2.from_state(state, rs(2))
-        try:
-            assert list(again) == rest and len(head) == 7
-        finally:
-            again.shutdown()
-
-    @parametrize("num_workers", [0, 2])
-    def test_an_unseeded_loader_resumes_mid_epoch_even_when_it_draws_the_saved_epochs_seed(
-        self, num_workers: int
-    ) -> None:
-        """Unseeded, DataLoader2 seeds its generator from torch's global RNG at every iter(); a fresh
-        process draws the same first value as the run it restores, which must not be taken for
-        _restore_checkpoint_beginning_of_epoch()."""
-        torch.manual_seed(5)  # as in a fresh process
-        dl = self.make_dl(pipeline("shuffle_before_sharding", 40), rs(num_workers), seed=None)
-        it = iter(dl)
-        take(it, 7)
-        state = dl.state_dict()
-        rest = list(it)
-        torch.manual_seed(5)  # the restoring process draws the same generator seed
-        again = DataLoader2.from_state(state, rs(num_workers))
-        try:
-            assert list(again) == rest
-        finally:
-            again.shutdown()
 
     @parametrize("num_workers", [1, 3])
     def test_reseeding_the_globals_before_an_epoch_gives_the_same_data_and_worker_draws(
@@ -253,7 +133,6 @@ class TestDataloader2Semantics(SuiteTestCase):
         """``Prefetcher.pause()`` waits for its thread to report that it paused; a thread
         whose source ended reports once, lingers (10 ms; 2 s here) and exits: a pause right after a
         resume in that window waited forever. Ours returns."""
-        import threading
         import time
 
         import torchdata.datapipes.iter.util.prefetcher as prefetcher
@@ -298,23 +177,17 @@ class TestDataloader2Semantics(SuiteTestCase):
         got += list(it)
         assert len(got) == 9
 
-    @parametrize("read_ahead", [False, True])
-    def test_num_workers_0_runs_the_map_once_for_each_item_the_user_asked_for(self, read_ahead: bool) -> None:
-        self.monkeypatch.setattr(outlet_module, "READ_AHEAD_S", 60.0)  # (reading ahead: the count bound)
-        dl = self.make_dl(IterableWrapper(range(300)).map(count_calls), rs(0, read_ahead=read_ahead))
+    def test_num_workers_0_runs_the_map_once_for_each_item_the_user_asked_for(self) -> None:
+        dl = self.make_dl(IterableWrapper(range(300)).map(count_calls), rs(0))
         CALLS[0] = 0
         it = iter(dl)
         assert CALLS[0] == 0, "iter() runs no item"
-        assert next(it) == 0
-        if read_ahead:
-            assert CALLS[0] == READ_AHEAD_ITEMS, "the map ran for items the user has not asked for"
-            return
-        assert CALLS[0] == 1
+        assert next(it) == 0 and CALLS[0] == 1
         for k, item in enumerate(it, start=1):
             assert (item, CALLS[0]) == (k, k + 1)
 
-    @parametrize("read_ahead", [False, True])
-    def test_num_workers_0_yields_torchdatas_items_for_the_same_seed(self, read_ahead: bool) -> None:
+    @parametrize("options", [{}, {"isolate_rng": False}, {"read_ahead": True}])
+    def test_num_workers_0_yields_torchdatas_items_for_the_same_seed(self, options: Any) -> None:
         """Shuffles before and after the sharding filter, seeded as torchdata's reading service
         seeds them in this process: the same items, epoch after epoch."""
 
@@ -324,7 +197,7 @@ class TestDataloader2Semantics(SuiteTestCase):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "Please use `InProcessReadingService`")
             theirs = self.make_dl(graph(), TorchdataMPRS(num_workers=0))
-        ours = self.make_dl(graph(), rs(0, read_ahead=read_ahead))
+        ours = self.make_dl(graph(), rs(0, **options))
         for dl in (theirs, ours):
             dl.seed(11)
         epochs = [list(theirs) for _ in range(3)]
@@ -337,34 +210,6 @@ class TestDataloader2Semantics(SuiteTestCase):
         for k in range(300):
             CURRICULUM_LEVEL = k // 10  # the loop raises the level every 10 steps
             assert next(it) == (k, k // 10)
-
-    @parametrize("read_ahead", [False, True])
-    def test_num_workers_0_data_do_not_depend_on_what_the_training_loop_draws(self, read_ahead: bool) -> None:
-        alone = two_epochs(self.make_dl, lambda: None, read_ahead)
-        assert len(alone) == 800
-        assert two_epochs(self.make_dl, training_loop_draws, read_ahead) == alone
-        other = OtherThread()
-        try:
-            assert two_epochs(self.make_dl, other.between_items, read_ahead) == alone
-        finally:
-            other.close()
-        assert other.draws >= 800
-
-    def test_num_workers_0_reading_ahead_gives_the_same_data_and_checkpoints(self) -> None:
-        """Reading ahead is for throughput only: a state taken in one mode resumes in the other."""
-        pipe = IterableWrapper(range(100)).shuffle().sharding_filter().map(with_global_normals)
-        lazy = self.make_dl(pipe, rs(0))
-        epoch = list(lazy)
-        for taken_with in (False, True):
-            dl = self.make_dl(pipe, rs(0, read_ahead=taken_with))
-            it = iter(dl)
-            assert take(it, 37) == epoch[:37]
-            state = dl.state_dict()
-            again = DataLoader2.from_state(state, rs(0, read_ahead=not taken_with))
-            try:
-                assert list(again) == epoch[37:]
-            finally:
-                again.shutdown()
 
     @parametrize("read_ahead", ["yes", 1, None])
     def test_read_ahead_must_be_a_bool(self, read_ahead: Any) -> None:

@@ -31,18 +31,8 @@ from contract import (
 )
 from draws import SeededDraw, examples
 from elastic_pipelines import ElasticDoubling
-from pipelines import (
-    ELASTIC_DECLARED,
-    double,
-    kill_once_at_reset,
-    moved_onto,
-    pipeline,
-    restarts_logged,
-    rs,
-    split,
-    take,
-    tiny,
-)
+from faults import kill_once_at_reset, restarts_logged
+from pipelines import ELASTIC_DECLARED, double, moved_onto, pipeline, rs, split, take, tiny
 from suite_case import ResumingTestCase
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 from torchdata.dataloader2 import DataLoader2

@@ -12,27 +12,14 @@ import threading
 import time
 import unittest
 import weakref
-from functools import partial
-from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 import psutil
 import pytest
 import torch
 from conftest import start_methods
-from pipelines import (
-    BlockOnStateDict,
-    FailingStateDict,
-    KillOnStateDict,
-    UnpicklableState,
-    double,
-    kill_once_at,
-    megabyte,
-    pipeline,
-    rs,
-    take,
-    tiny,
-)
+from faults import BlockOnStateDict, FailingStateDict, KillOnStateDict, UnpicklableState, killing
+from pipelines import megabyte, pipeline, rs, take
 from suite_case import SuiteTestCase
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 from torchdata.dataloader2 import DataLoader2
@@ -48,10 +35,6 @@ from torchdata_snapshot.core.main.consumer import WorkerConsumer
 from torchdata_snapshot.core.transport.channel import make_pipe_pair
 
 BOUND_S = 30.0  # generous: every fault must surface well within this
-
-
-def killing(marker: Path, k: int, n: int = 100) -> Any:
-    return IterableWrapper(range(n)).sharding_filter().map(partial(kill_once_at, str(marker), k)).map(double)
 
 
 def reference_of(datapipe: Any, make_dl: Any) -> List[Any]:
@@ -127,41 +110,6 @@ class TestFaults(SuiteTestCase):
         assert time.monotonic() - start < BOUND_S
         with pytest.raises(ReadingServiceClosedError):
             dl.reading_service.snapshot()  # the service shut itself down: nothing is left running
-
-    def test_state_dict_after_a_worker_died_is_still_exact(self) -> None:
-        # state_dict() asks no worker: it records what the user received, which a death cannot change.
-        # More items than the workers may run ahead (small items: up to 512 each): worker 0 has
-        # items left when it is killed.
-        reference = reference_of(tiny(3000), self.make_dl)
-        dl = self.make_dl(tiny(3000), rs(2))
-        it = iter(dl)
-        head = take(it, 11)
-        os.kill(dl.reading_service.snapshot()[0].pid, signal.SIGKILL)
-        state = dl.state_dict()
-        with pytest.raises(WorkerDiedError, match="worker 0"):
-            list(it)
-        again = DataLoader2.from_state(state, rs(2))
-        try:
-            assert head + list(again) == reference
-        finally:
-            again.shutdown()
-
-    def test_a_worker_killed_while_replaying_a_restore(self) -> None:
-        # Without captured states (stateful=False) the replay starts at the epoch's beginning: a
-        # state captured after item 15 (captures are paced by time) would let it skip that item.
-        dl = self.make_dl(killing(self.tmp_path / "absent", 15), rs(2, stateful=False))
-        take(iter(dl), 40)  # the replay of worker 1 passes item 15
-        state = dl.state_dict()
-        assert all(w["state"] is None for w in state["reading_service_state"]["workers"])
-        (self.tmp_path / "absent").touch()
-        again = DataLoader2.from_state(state, rs(2, stateful=False))
-        start = time.monotonic()
-        try:
-            with pytest.raises(WorkerDiedError, match=r"worker 1 .* exit code -9"):
-                list(again)
-        finally:
-            again.shutdown()
-        assert time.monotonic() - start < BOUND_S
 
     def test_the_dispatching_process_killed(self) -> None:
         dl = self.make_dl(pipeline("dispatch", 5000), rs(2))

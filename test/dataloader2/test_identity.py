@@ -13,7 +13,8 @@ import unittest
 from pathlib import Path
 from typing import Any, Dict
 
-from pipelines import double, is_even, kill_always_at, pipeline, scaled, split
+from faults import kill_always_at
+from pipelines import double, is_even, pipeline, scaled, split
 from suite_case import SuiteTestCase
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 from torch.utils.data.graph_settings import apply_sharding

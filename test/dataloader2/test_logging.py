@@ -12,7 +12,8 @@ from typing import Any, List
 
 import pytest
 from conftest import start_methods
-from pipelines import double, kill_once_at, rs, take, tiny, unseeded_noise
+from faults import kill_once_at, unseeded_noise
+from pipelines import double, rs, take, tiny
 from suite_case import LogCapture, SuiteTestCase
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 from torchdata.dataloader2 import DataLoader2
@@ -20,11 +21,11 @@ from torchdata.datapipes.iter import FileLister, IterableWrapper
 
 import torchdata_snapshot
 from torchdata_snapshot import ChangedFileError, IncompatibleCheckpointError, ReplayDivergenceError
+from torchdata_snapshot.checkpoint import outlet as _outlet
 from torchdata_snapshot.checkpoint import replay as _replay
 from torchdata_snapshot.checkpoint import worker_loop as _replaying
 from torchdata_snapshot.checkpoint.format import Checkpoint
 from torchdata_snapshot.checkpoint.replay import ReplayProgressLog
-from torchdata_snapshot.checkpoint import outlet as _outlet
 
 PACKAGE = "torchdata_snapshot"
 

@@ -1,12 +1,14 @@
 """The public API changes only on purpose: this list is the contract of `import torchdata_snapshot`."""
 
-from test_public_names import PUBLIC_NAMES
+from test_public_names import LAYER_NAMES, PUBLIC_NAMES
 
 import torchdata_snapshot
 
 #: The names of test_public_names, plus ProtocolError (public here; not in torchdata's tree) and the
 #: elastic names, which the package has whenever its elastic/ folder is there (test_elastic.py).
-EXPECTED_PUBLIC_NAMES = sorted([*PUBLIC_NAMES, "ProtocolError", "gather_elastic_state", "register_elastic"])
+EXPECTED_PUBLIC_NAMES = sorted(
+    [*PUBLIC_NAMES, *LAYER_NAMES, "ProtocolError", "gather_elastic_state", "register_elastic"]
+)
 
 
 def test_all_is_exactly_the_public_api() -> None:

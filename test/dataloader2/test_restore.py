@@ -18,11 +18,9 @@ from digest_items import (
     same_holding_itself,
     same_values,
 )
+from faults import ChangesOnceMarked, OffByOneState, SystemRandomOrder, unseeded_noise
 from pipelines import (
-    ChangesOnceMarked,
     NonReplicable,
-    OffByOneState,
-    SystemRandomOrder,
     credit_window_of,
     double,
     hash_tokens,
@@ -33,7 +31,6 @@ from pipelines import (
     scaled,
     take,
     tiny,
-    unseeded_noise,
 )
 from suite_case import SuiteTestCase
 from torch.testing._internal.common_utils import (

@@ -12,18 +12,8 @@ from pathlib import Path
 from typing import Any, Dict
 
 import pytest
-from pipelines import (
-    double,
-    kill_always_at,
-    kill_once_at,
-    kill_once_at_reset,
-    megabyte,
-    pipeline,
-    restarts_logged,
-    rs,
-    take,
-    worker_processes,
-)
+from faults import kill_always_at, kill_once_at, kill_once_at_reset, restarts_logged
+from pipelines import double, megabyte, pipeline, rs, take, worker_processes
 from suite_case import SuiteTestCase
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize, subtest
 from torchdata.dataloader2 import DataLoader2

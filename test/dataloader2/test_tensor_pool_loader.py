@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import start_methods
-from pipelines import ForkReader, restarts_logged, rs, take, tensor_items, worker_pools, worker_processes
+from faults import restarts_logged
+from pipelines import ForkReader, rs, take, tensor_items, worker_pools, worker_processes
 from suite_case import SuiteTestCase
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 from torchdata.dataloader2 import DataLoader2

@@ -9,6 +9,7 @@ from functools import partial
 from typing import Any
 
 import pytest
+from faults import stuck_at_5, stuck_at_5_telling, wait_for_fifo
 from pipelines import (
     credit_outstanding,
     credit_window_of,
@@ -17,11 +18,8 @@ from pipelines import (
     pipeline,
     rs,
     snapshot_when,
-    stuck_at_5,
-    stuck_at_5_telling,
     take,
     tiny,
-    wait_for_fifo,
     worker_processes,
 )
 from suite_case import SuiteTestCase

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import logging
+import functools
 import multiprocessing
 import os
 import random
-import re
-import signal
 import time
 from typing import Any, Callable, Dict, Iterator, List, Tuple
 
@@ -284,7 +281,6 @@ def _write_samples(shard: int, records: range, path: str) -> None:
 def shard_files(kind: str, n: int, shards: int = 4) -> str:
     """A directory of ``shards`` files of ``kind`` ("txt": lines; "tar": WebDataset-style
     samples of a ``.txt`` and a ``.cls`` member) holding ``n`` records in all."""
-    import functools
     import tempfile
 
     root = os.path.join(tempfile.gettempdir(), f"dataloader2-test-{kind}-{n}-{shards}")
@@ -343,127 +339,6 @@ def hash_tokens(text: str) -> List[int]:
     return [hash(word) % 50_000 for word in text.split()]
 
 
-def unseeded_noise(x: int) -> tuple:
-    """Not reproducible by any seed: a pipeline using it cannot be replayed."""
-    return (x, random.SystemRandom().randint(0, 10**9))
-
-
-def stuck_at_5(x: int) -> int:
-    """Never returns for item 5: a worker stuck in user code (blocks, does not sleep-poll)."""
-    if x == 5:
-        import threading
-
-        threading.Event().wait()
-    return x
-
-
-def stuck_at_5_telling(fifo: str, x: int) -> int:
-    """:func:`stuck_at_5` that first writes a byte to the named pipe ``fifo``: the test then knows
-    the worker is inside item 5 (see :func:`wait_for_fifo`)."""
-    if x == 5:
-        with open(fifo, "wb") as entered:
-            entered.write(b"5")
-    return stuck_at_5(x)
-
-
-def wait_for_fifo(fifo: str, timeout_s: float) -> bool:
-    """Whether a byte arrived on the named pipe ``fifo`` within ``timeout_s`` (a bounded wait)."""
-    import select
-
-    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], deadline - time.monotonic())
-            if ready and os.read(fd, 1):
-                return True
-        return False
-    finally:
-        os.close(fd)
-
-
-# --- faults ----------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def restarts_logged(match: str = "restarting it") -> Iterator[List[str]]:
-    """The messages of the worker restarts (self-healing) the package logs at WARNING inside the
-    block that match ``match``; none is an ``AssertionError`` (as ``pytest.warns`` has it)."""
-    messages: List[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if record.levelno >= logging.WARNING and re.search(match, record.getMessage()):
-                messages.append(record.getMessage())
-
-    handler, logger = Collect(), logging.getLogger("torchdata_snapshot")
-    logger.addHandler(handler)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
-    assert messages, f"no worker restart matching {match!r} was logged"
-
-
-def kill_once_at(marker: str, k: int, x: int) -> int:
-    """SIGKILL the process producing item ``k`` if ``marker`` exists (and remove it: once only)."""
-    if x == k and os.path.exists(marker):
-        os.unlink(marker)
-        os.kill(os.getpid(), signal.SIGKILL)
-    return x
-
-
-class Passthrough(IterDataPipe):
-    def __init__(self, source: IterDataPipe) -> None:
-        self.source = source
-
-    def __iter__(self) -> Iterator[Any]:
-        yield from self.source
-
-
-class KillOnStateDict(Passthrough):
-    """Its worker dies (SIGKILL) while answering a snapshot."""
-
-    def state_dict(self) -> Dict[str, Any]:
-        os.kill(os.getpid(), signal.SIGKILL)
-        return {}
-
-
-class FailingStateDict(Passthrough):
-    def state_dict(self) -> Dict[str, Any]:
-        raise OSError("the index file is gone")
-
-
-class UnpicklableState(Passthrough):
-    def state_dict(self) -> Dict[str, Any]:
-        import threading
-
-        return {"position": 3, "lock": threading.Lock()}
-
-
-class BlockOnStateDict(Passthrough):
-    """Announces through the FIFO ``fifo`` that a snapshot reached it, then hangs."""
-
-    def __init__(self, source: IterDataPipe, fifo: str) -> None:
-        super().__init__(source)
-        self.fifo = fifo
-
-    def state_dict(self) -> Dict[str, Any]:
-        import threading
-
-        with open(self.fifo, "wb") as f:
-            f.write(b"in state_dict")
-        threading.Event().wait()
-        return {}
-
-
-def kill_always_at(k: int, x: int) -> int:
-    """SIGKILL the process producing item ``k``, every time: a worker that cannot be healed."""
-    if x == k:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return x
-
-
 class CountingStateful(IterDataPipe):
     """A user DataPipe with its own state_dict()/load_state_dict(): a position in ``range(n)``.
 
@@ -509,57 +384,6 @@ def failing_counter(n: int) -> CountingStateful:
 @_register("stateful_source")
 def _stateful_source(n: int) -> IterDataPipe:
     return CountingStateful(n).shuffle(buffer_size=16).sharding_filter().map(with_global_randomness).batch(2)
-
-
-# --- replay divergence ------------------------------------------------------------------------------
-
-
-class ChangesOnceMarked(IterDataPipe):
-    """``range(n)``, except that once the file ``marker`` exists its first item is ``-1``: a
-    pipeline that replays differently after the checkpoint (a data file that changed)."""
-
-    def __init__(self, n: int, marker: str) -> None:
-        self.n = n
-        self.marker = marker
-
-    def __iter__(self) -> Iterator[int]:
-        changed = os.path.exists(self.marker)
-        for x in range(self.n):
-            yield -1 if changed and x == 0 else x
-
-
-class SystemRandomOrder(IterDataPipe):
-    """``range(n)`` in an order no seed reproduces (``random.SystemRandom``)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __iter__(self) -> Iterator[int]:
-        order = list(range(self.n))
-        random.SystemRandom().shuffle(order)
-        yield from order
-
-
-class OffByOneState(IterDataPipe):
-    """``range(n)`` with state methods that are deliberately wrong: a loaded state resumes one
-    item too late (a broken adapter)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.position = 0
-        self._loaded: Any = None
-
-    def __iter__(self) -> Iterator[int]:
-        self.position, self._loaded = (self._loaded or 0), None
-        while self.position < self.n:
-            self.position += 1
-            yield self.position - 1
-
-    def state_dict(self) -> Dict[str, int]:
-        return {"position": self.position + 1}
-
-    def load_state_dict(self, state: Dict[str, int]) -> None:
-        self._loaded = state["position"]
 
 
 # --- what tests look at inside a running reading service -------------------------------------------
@@ -649,7 +473,7 @@ def gone(pids: List[int]) -> bool:
 
 def kept_per_worker(dl: Any) -> List[int]:
     """Per worker, how many batches of digests and graph states the main process keeps."""
-    return [stream.kept_entries for stream in dl.reading_service._session.runtime.consumer.streams]
+    return [stream.log.kept_entries for stream in dl.reading_service._session.runtime.consumer.streams]
 
 
 def credit_outstanding(dl: Any) -> List[int]:
@@ -671,18 +495,6 @@ def snapshot_when(dl: Any, done: Callable[[List[Any]], bool], timeout_s: float =
 def credit_window_of(dl: Any) -> int:
     """The credit kept outstanding per worker (items a worker may send ahead of the user)."""
     return int(dl.reading_service._session.runtime.consumer.window)
-
-
-def kill_once_at_reset(marker: str, datapipe: Any, worker_info: Any, seed_generator: Any) -> Any:
-    """A ``worker_reset_fn`` that SIGKILLs the worker resetting to an epoch if ``marker``
-    exists (and removes it: once only, the worker that removed it): a worker that dies in the
-    middle of an epoch reset."""
-    try:
-        os.unlink(marker)
-    except FileNotFoundError:
-        return datapipe
-    os.kill(os.getpid(), signal.SIGKILL)
-    return datapipe
 
 
 def megabyte(x: int) -> Any:
