@@ -54,9 +54,18 @@ def tool(name: str) -> ModuleType:
 
 
 MANIFEST = tool("manifest").load()
-#: The pull request that switches MultiProcessingReadingService over (its description is the
-#: design of the whole), and the last of the checkpointable core, before the optional features.
-SWITCH = next(k for k, pr in enumerate(MANIFEST.pull_requests, 1) if pr.description == "2-checkpointable.md")
+
+
+def pull_request(description: str) -> int:
+    """The number of the pull request described by ``description`` (a file of ``prs/``)."""
+    return next(k for k, pr in enumerate(MANIFEST.pull_requests, 1) if pr.description == description)
+
+
+#: The pull request that switches MultiProcessingReadingService over to the streaming transport,
+#: the one that makes it checkpointable mid-epoch (each description is its stage's design), and
+#: the last of the core, before the optional features.
+SWITCH = pull_request("2-streaming.md")
+CHECKPOINTABLE = pull_request("3-checkpointable.md")
 CORE = MANIFEST.core_pull_requests
 
 
@@ -222,7 +231,7 @@ def test_the_series_is_a_stack_of_pull_requests_the_rfc_first(series: Path) -> N
     report = check.Report()
     check.check_stack(series, TAG, stack, manifest.max_pull_request_lines, report)
     assert report.problems == [], "the RFC fits in one review, and every other pull request in 3,000 lines"
-    assert len(stack) >= 4 and 0 < SWITCH <= CORE < len(stack)
+    assert len(stack) >= 4 and 1 < SWITCH < CHECKPOINTABLE < CORE < len(stack), "the stages, in order"
     assert git(series, "rev-parse", stack[-1]) == git(series, "rev-parse", "series")
     for below, above in zip([TAG, *stack], stack):
         assert (
@@ -257,6 +266,47 @@ def test_at_the_rfcs_tip_two_workers_answer_snapshot_mid_epoch(series: Path) -> 
         "dl.shutdown()\n"
     )
     done = run_at(series, "series-1", code)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@series_test
+def test_the_streaming_pull_request_snapshots_and_restarts_a_restored_epoch(series: Path) -> None:
+    """At the streaming transport's tip the queue-based loop is gone and nothing checkpoints:
+    snapshot() answers, DataLoader2.state_dict() records no position (a restored loader starts
+    its epoch over, as with the queue-based reading service), and stateful=True is refused."""
+    code = (
+        "import importlib.util, torchdata.dataloader2 as d\n"
+        "from torchdata.datapipes.iter import IterableWrapper\n"
+        "assert importlib.util.find_spec('torchdata.dataloader2.checkpoint_session') is None\n"
+        "rs = d.MultiProcessingReadingService(num_workers=2)\n"
+        "dl = d.DataLoader2(IterableWrapper(range(20)).sharding_filter(), reading_service=rs)\n"
+        "it = iter(dl); head = [next(it) for _ in range(7)]\n"
+        "assert [s.worker_id for s in dl.reading_service.snapshot()] == [0, 1]\n"
+        "state = dl.state_dict(); rest = list(it); dl.shutdown()\n"
+        "assert state['reading_service_state'] is None and sorted(head + rest) == list(range(20))\n"
+        "again = d.DataLoader2.from_state(state, d.MultiProcessingReadingService(num_workers=2))\n"
+        "assert sorted(again) == list(range(20)), 'the epoch starts over'\n"
+        "again.shutdown()\n"
+        "try:\n"
+        "    d.MultiProcessingReadingService(num_workers=1, stateful=True)\n"
+        "except ValueError as e:\n"
+        "    assert 'stateful=True needs torchdata.dataloader2.utils.stateful_worker_loop' in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('stateful=True was not refused')\n"
+    )
+    done = run_at(series, f"series-{SWITCH}", code)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@series_test
+def test_the_checkpointable_pull_request_resumes_mid_epoch_by_replay(series: Path) -> None:
+    code = (
+        "import importlib.util, torchdata.dataloader2 as d\n"
+        "from torchdata.datapipes.iter import IterableWrapper\n"
+        "assert importlib.util.find_spec('torchdata.dataloader2.utils.stateful_worker_loop') is None\n"
+        "rs = d.MultiProcessingReadingService(num_workers=2)\n" + RESUMES_MID_EPOCH
+    )
+    done = run_at(series, f"series-{CHECKPOINTABLE}", code)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
