@@ -7,21 +7,11 @@ import pytest
 from running_consumer import Running, round_robin
 from suite_case import SuiteTestCase
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
-from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
+from torchdata.datapipes.iter import IterableWrapper
+from worker_driver import Counting
 
 from torchdata_snapshot._errors import ReadingServiceClosedError
 from torchdata_snapshot.core.main.consumer import credit_window
-
-
-class Counting(IterDataPipe):
-    def __init__(self, source: IterDataPipe) -> None:
-        self.source = source
-        self.pulled = 0
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        for x in self.source:
-            self.pulled += 1
-            yield x
 
 
 def _fail_at_3(x: int) -> int:

@@ -139,16 +139,7 @@ class TestStatefulWorker(SuiteTestCase):
         assert serve(source, [reset(), m.GetStateRequest()], loop=StatefulWorkerLoop)[-1].snapshot.stateful
 
     def test_handlers_table_covers_every_request_the_main_process_sends(self) -> None:
-        assert set(StatefulWorkerLoop.HANDLERS) == {
-            m.ResetEpochRequest,
-            m.ReplayRequest,
-            m.GetNextRequest,
-            m.PauseRequest,
-            m.ResumeRequest,
-            m.LimitRequest,
-            m.GetStateRequest,
-            m.TerminateRequest,
-        }
+        assert set(StatefulWorkerLoop.HANDLERS) == {*WorkerLoop.HANDLERS, m.ReplayRequest}
 
     def test_a_worker_runs_this_loop_where_it_is_installed_else_a_less_capable_one(self) -> None:
         self.addCleanup(plugins.installed.cache_clear)

@@ -13,6 +13,21 @@ from torchdata_snapshot.core.options import BatchingOptions, WorkerOptions
 from torchdata_snapshot.core.transport.channel import make_pipe_pair
 from torchdata_snapshot.core.worker.loop import WorkerLoop
 
+#: Worker processes serve their requests each on its own; these workers share one process, in
+#: which torch's graph traversal (an epoch's reset, a snapshot) sets a process-wide pickling
+#: hook: two at once fail ("Attempt to override existing reduce_ex_hook"). They take turns.
+_SERVING = threading.Lock()
+
+
+def _in_turn(loop: Type[WorkerLoop]) -> Type[WorkerLoop]:
+    """``loop``, serving one request at a time across every loop of this process."""
+
+    def handle(self: Any, request: Any) -> None:
+        with _SERVING:
+            loop._handle(self, request)
+
+    return type(f"InTurn{loop.__name__}", (loop,), {"_handle": handle})
+
 
 class Running:
     """A consumer over in-process worker loops (of the class ``loop``), each running in its own
@@ -32,7 +47,7 @@ class Running:
         for worker_id, dp in enumerate(datapipes):
             channel, endpoint, _ = make_pipe_pair()
             options = WorkerOptions(batching=BatchingOptions(max_items=max_items, max_delay_s=max_delay_s))
-            served = loop(dp, endpoint, WorkerInfo(len(datapipes), worker_id), options=options)
+            served = _in_turn(loop)(dp, endpoint, WorkerInfo(len(datapipes), worker_id), options=options)
             thread = threading.Thread(target=served.run, daemon=True)
             thread.start()
             channels.append(channel.bind(f"worker {worker_id}"))
