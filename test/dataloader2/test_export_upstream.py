@@ -400,7 +400,7 @@ def test_at_each_pull_requests_tip_the_docstrings_name_places_that_exist(series:
     diff = git(series, "diff", f"{TAG}..{tip}", "--", "torchdata").splitlines()
     added = "\n".join(line for line in diff if line.startswith("+"))
     references = sorted(set(DOTTED_REFERENCE.findall(added)))
-    assert len(references) >= (40 if pr >= SWITCH else 1), references
+    assert len(references) >= (20 if pr >= SWITCH else 1), references  # (the pattern finds them)
     code = (
         "import importlib, sys\n"
         "unresolved = []\n"
