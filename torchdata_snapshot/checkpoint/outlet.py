@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any, Deque, Iterator, List, Optional, cast
+from typing import Any, Deque, Iterator, List, Optional
 
 from torchdata.dataloader2.graph import DataPipe
 
@@ -195,15 +195,20 @@ def _own_bytes(value: Any) -> int:
 
 
 class _ReplayingIterator(OutletIterator):
-    __slots__ = ("ahead",)
+    """The iterator of a :class:`ReplayingOutlet`'s epoch. Its per-item methods are written out
+    rather than extending the core's: they are the hot path of every item the user receives."""
+
+    __slots__ = ("ahead", "replaying")
 
     def __init__(self, outlet: ReplayingOutlet, source: Iterator[Any], epoch: int) -> None:
         super().__init__(outlet, source, epoch)
+        self.replaying = outlet  # (the outlet, typed as what it is)
         self.ahead: Deque[Any] = deque()
 
     def __next__(self) -> Any:
-        outlet = cast(ReplayingOutlet, self.outlet)
-        self._check(outlet)
+        outlet = self.replaying
+        if outlet.closed or outlet.epoch != self.epoch:
+            self._check(outlet)
         rng = outlet.rng
         if rng is not None and outlet.read_ahead:
             return self._next_read_ahead(outlet, rng)
@@ -254,13 +259,23 @@ class _ReplayingIterator(OutletIterator):
                 return
 
     def _produce(self, outlet: Outlet) -> Any:
-        replaying = cast(ReplayingOutlet, outlet)
-        if replaying._skip and self.source is not None:
-            replaying._replay(self.source)
-        return super()._produce(outlet)
+        source = self.source
+        if source is None:
+            raise StopIteration
+        if self.replaying._skip:
+            self.replaying._replay(source)
+        try:
+            return next(source)
+        except StopIteration:
+            self.source = None
+            raise
 
     def _deliver(self, outlet: Outlet, item: Any) -> Any:
-        replaying = cast(ReplayingOutlet, outlet)
-        if replaying._chain is not None and outlet.positions is None:
+        replaying = self.replaying
+        replaying.delivered += 1
+        positions = replaying.positions
+        if positions is not None:
+            positions.deliver_one()
+        elif replaying._chain is not None:
             replaying._chain = chain(replaying._chain, item)
-        return super()._deliver(outlet, item)
+        return item

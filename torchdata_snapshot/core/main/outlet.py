@@ -106,7 +106,8 @@ class OutletIterator:
 
     def __next__(self) -> Any:
         outlet = self.outlet
-        self._check(outlet)
+        if outlet.closed or outlet.epoch != self.epoch:
+            self._check(outlet)
         try:
             item = self._produce(outlet)
         except StopIteration:
@@ -115,6 +116,7 @@ class OutletIterator:
         return self._deliver(outlet, item)
 
     def _check(self, outlet: Outlet) -> None:
+        """Raise if this iterator may give no more items: the service closed, or its epoch over."""
         if outlet.closed:  # also in this process (num_workers=0), where the graph could go on
             raise ReadingServiceClosedError(
                 "the reading service was shut down (DataLoader2.shutdown() or finalize()): its "
