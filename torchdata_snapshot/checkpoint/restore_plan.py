@@ -6,7 +6,7 @@ service's configuration before any process starts (:func:`plan_restore`), and ke
 exact resume (the same ``num_workers`` and world size: each worker replays its stream, or the
 main process replays the user's position), or, with ``elastic=True``, the epoch's start over
 the elements the user had not received (elastic resume, an optional feature: see
-:data:`~torchdata_snapshot.core.plugins.ElasticStart`).
+:data:`ElasticStart`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,15 @@ from torchdata_snapshot.core.graph import sharding_layout, sharding_point
 from torchdata_snapshot.core.messages import ElasticEpoch
 from torchdata_snapshot.core.plugins import installed, require
 
-__all__ = ["PendingRestore", "log_refusal", "logs_refusals", "plan_restore", "rewind", "sharding_of"]
+__all__ = [
+    "ElasticStart",
+    "PendingRestore",
+    "log_refusal",
+    "logs_refusals",
+    "plan_restore",
+    "rewind",
+    "sharding_of",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +79,13 @@ class PendingRestore:
     resharded_from: Optional[Tuple[int, int]] = None
 
 
+#: Elastic resume (an optional feature, ``elastic_start`` in :mod:`torchdata_snapshot.core.plugins`),
+#: in restore planning: ``(state, datapipe, sharding, num_workers)`` -> the start of ``state``'s
+#: epoch for another number of workers or ranks (``sharding``: this rank's ``(world_size, rank)``),
+#: or ``IncompatibleCheckpointError`` when it cannot be exact.
+ElasticStart = Callable[[Checkpoint, DataPipe, Tuple[int, int], int], "PendingRestore"]
+
+
 def sharding_of(datapipe: DataPipe) -> Tuple[int, int]:
     """``(world_size, rank)`` the graph's sharding filter was given (``(1, 0)`` without one)."""
     sf = sharding_point(datapipe)
@@ -103,7 +118,8 @@ def plan_restore(
     else:
         state.check_graph(graph)
         if state.status == "in_epoch":
-            return require("elastic_start", "elastic=True")(state, datapipe, sharding, num_workers)
+            elastic_start: ElasticStart = require("elastic_start", "elastic=True")
+            return elastic_start(state, datapipe, sharding, num_workers)
     if state.status != "in_epoch":
         _log_fresh_start(state)
         return None

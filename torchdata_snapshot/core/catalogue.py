@@ -4,7 +4,7 @@ Each entry says, for one type (by exact type: a subclass may behave otherwise an
 catalogue), what the rest of the package relies on:
 
 - ``per_element``: how it hands on what it takes from its source, for elastic resume
-  (:class:`~torchdata_snapshot.core.plugins.ElasticWorker`): ``"one"`` item per element, holding
+  (:class:`~torchdata_snapshot.graph_state.worker_loop.ElasticWorker`): ``"one"`` item per element, holding
   nothing at a yield point; ``"several"`` items per element, the same ones each time for the same
   element (an *expander*); ``"holds_one"``: after an expander, it holds at most the item it took
   last when it yields; ``None``: none of these.
@@ -18,7 +18,7 @@ catalogue), what the rest of the package relies on:
   (:mod:`torchdata_snapshot.core.main.positions`).
 - ``after_sharding``: it may stand between the sharding point and the user in an elastic graph:
   when it yields, it holds no element it took (a batch yields once full, and is empty then;
-  see :data:`~torchdata_snapshot.core.plugins.ElasticStart`).
+  see :data:`~torchdata_snapshot.checkpoint.restore_plan.ElasticStart`).
 
 How a checkpoint reads each type's constructor arguments is a table of its own
 (``checkpoint.arguments.READINGS``): those are functions, not traits.

@@ -192,7 +192,7 @@ class ElasticEpoch:
     """An epoch resumed elastically: its ``levels``, and ``head_states``, the graph states
     ``(sharding instance, state)`` that the workers before the last level captured in it, from
     which a new worker may start its pre-sharding part (none for an exact restore of an elastic
-    epoch; see :class:`~torchdata_snapshot.core.plugins.ElasticWorker`)."""
+    epoch; see :class:`~torchdata_snapshot.graph_state.worker_loop.ElasticWorker`)."""
 
     levels: Tuple[Level, ...]
     head_states: Tuple[Tuple[int, bytes], ...] = ()
@@ -284,9 +284,10 @@ class ItemsResponse(Response):
     ``taken`` holds, per item, how many elements the graph's sharding filter had taken when it
     was yielded (``array("q")``; for elastic resume), when counted, and
     ``partial`` the items of the last of them that the graph's expander had handed on, when it
-    has one (see :class:`~torchdata_snapshot.core.plugins.ElasticWorker`). ``opened`` lists, for the items
-    whose production opened files, ``(index in the batch, pickled tuple of FileOrigin)``: what a
-    restore checks of the files it reads again (see :mod:`torchdata_snapshot.graph_state.file_origins`)."""
+    has one (see :class:`~torchdata_snapshot.graph_state.worker_loop.ElasticWorker`). ``opened``
+    lists, for the items whose production opened files, ``(index in the batch, pickled tuple of
+    FileOrigin)``: what a restore checks of the files it reads again (see
+    :mod:`torchdata_snapshot.graph_state.file_origins`)."""
 
     epoch: int
     count: int

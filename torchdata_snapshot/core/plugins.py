@@ -19,32 +19,17 @@ import importlib
 import importlib.util
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Protocol, Tuple, Type
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Protocol, Tuple
 
 if TYPE_CHECKING:
-    from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
-    from torchdata.dataloader2.graph import DataPipe
-
-    from torchdata_snapshot._errors import WorkerDiedError
-    from torchdata_snapshot.checkpoint.format import Checkpoint
-    from torchdata_snapshot.checkpoint.restore_plan import PendingRestore
-    from torchdata_snapshot.core.main.worker_record import WorkerRecord
-    from torchdata_snapshot.core.messages import ElasticEpoch, ItemsResponse, ResetEpochRequest, Response
+    from torchdata_snapshot.core.messages import ItemsResponse, Response
     from torchdata_snapshot.core.options import TensorPoolOptions
-    from torchdata_snapshot.core.session import Session
-    from torchdata_snapshot.core.transport.channel import Channel
     from torchdata_snapshot.core.transport.item_codec import ItemPool
-    from torchdata_snapshot.core.worker.loop import WorkerLoop
-    from torchdata_snapshot.graph_state.graph_state import GraphState
 
 __all__ = [
     "FEATURES",
-    "ElasticStart",
-    "ElasticWorker",
     "Plugins",
     "ProgressLog",
-    "Replacer",
-    "ReplacerFactory",
     "StreamLog",
     "TensorPoolFeature",
     "installed",
@@ -81,52 +66,6 @@ class ProgressLog(Protocol):
     def report(self, where: str, epoch: int, position: int, target: int) -> None: ...
 
 
-class Replacer(Protocol):
-    """Self-healing: gives a worker that died a new process, brought to where the dead one was."""
-
-    def replace(
-        self,
-        stream: WorkerRecord,
-        death: WorkerDiedError,
-        epoch: int,
-        reset: ResetEpochRequest,
-        paused: bool,
-    ) -> None: ...
-
-
-#: ``(respawn, restarts_allowed, control_timeout_s) -> Replacer``; ``respawn(worker_id)`` starts a
-#: new process for a worker and returns its channel.
-ReplacerFactory = Callable[[Callable[[int], "Channel"], int, float], Replacer]
-
-
-#: Elastic resume, in restore planning: ``(state, datapipe, sharding, num_workers)`` -> the start
-#: of ``state``'s epoch for another number of workers or ranks (``sharding``: this rank's
-#: ``(world_size, rank)``), or ``IncompatibleCheckpointError`` when it cannot be exact.
-ElasticStart = Callable[["Checkpoint", "DataPipe", Tuple[int, int], int], "PendingRestore"]
-
-
-class ElasticWorker(Protocol):
-    """Elastic resume, in a worker: counts how far into its element the graph's expander is (what
-    each item carries as ``partial``) and, in an epoch resumed elastically, deals only what
-    remains of it."""
-
-    def prepare(self, datapipe: DataPipe) -> DataPipe:
-        """The worker's graph (not resumable as a whole) with an expander that counts."""
-
-    def reset_epoch(
-        self,
-        datapipe: DataPipe,
-        sharding: ShardingFilterIterDataPipe,
-        elastic: Optional[ElasticEpoch],
-        graph_state: GraphState,
-        stateful: bool,
-    ) -> None:
-        """Set up the epoch about to start (``elastic``: it resumes elastically)."""
-
-    def partial(self) -> Optional[int]:
-        """At a yield point: the items of the expander's current element handed on."""
-
-
 class TensorPoolFeature(Protocol):
     """The tensor pool: makes a worker's :class:`ItemPool` in the main process before the worker
     starts, and says why this platform cannot have one (``None``: it can)."""
@@ -138,24 +77,30 @@ class TensorPoolFeature(Protocol):
 
 @dataclass(frozen=True)
 class Plugins:
-    """What the installed features offer; ``None`` where a feature's module is not there."""
+    """What the installed modules offer; ``None`` where a module is not there. Each interface is
+    owned by the layer a field plugs into, and named in the field's comment."""
 
-    #: Self-healing: replaces dead workers (``restart_dead_workers``).
-    replacer: Optional[ReplacerFactory] = None
-    #: Elastic resume: restores with another number of workers or ranks (``elastic=True``).
-    elastic_start: Optional[ElasticStart] = None
-    #: Elastic resume: makes each worker's ``ElasticWorker`` (``() -> ElasticWorker``).
-    elastic_worker: Optional[Callable[[], ElasticWorker]] = None
+    #: Self-healing: replaces dead workers (``restart_dead_workers``): a
+    #: :data:`~torchdata_snapshot.core.main.links.ReplacerFactory`.
+    replacer: Optional[Any] = None
+    #: Elastic resume, in restore planning (``elastic=True``): an
+    #: :data:`~torchdata_snapshot.checkpoint.restore_plan.ElasticStart`.
+    elastic_start: Optional[Any] = None
+    #: Elastic resume, in a worker: makes each worker's
+    #: :class:`~torchdata_snapshot.graph_state.worker_loop.ElasticWorker`.
+    elastic_worker: Optional[Callable[[], Any]] = None
     #: The tensor pool: a worker's pool of shared-memory slots for the tensors of its items
     #: (``tensor_pool``: on by default where the platform has it), made in the main process
     #: before the worker starts.
     tensor_pool: Optional[TensorPoolFeature] = None
     #: Checkpoints: the worker loop that also restores, by replay and from captured graph states
-    #: (a subclass of the core's ``WorkerLoop``, which only streams).
-    worker_loop: Optional[Type[WorkerLoop]] = None
+    #: (a subclass of the core's :class:`~torchdata_snapshot.core.worker.loop.WorkerLoop`, which
+    #: only streams).
+    worker_loop: Optional[type] = None
     #: Checkpoints: the session that also checkpoints and restores (a subclass of the core's
-    #: ``Session``, whose ``checkpoint()`` has nothing mid-epoch to say).
-    session: Optional[Type[Session]] = None
+    #: :class:`~torchdata_snapshot.core.session.Session`, whose ``checkpoint()`` has nothing
+    #: mid-epoch to say).
+    session: Optional[type] = None
 
 
 #: Each field of ``Plugins``: the modules that offer it and the name each has there, the most

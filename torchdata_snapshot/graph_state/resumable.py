@@ -72,7 +72,8 @@ class Expander(Resumable):
     ``flatmap``, ``unbatch``). It counts the items it took from its current element, from the
     element's first on (:meth:`element_items`), and, when it starts an element, skips as many as
     ``skip_items()`` says: in an epoch resumed elastically, the items of that element that were
-    delivered before (elastic resume: see :class:`~torchdata_snapshot.core.plugins.ElasticWorker`)."""
+    delivered before (elastic resume: see
+    :class:`~torchdata_snapshot.graph_state.worker_loop.ElasticWorker`)."""
 
     TRANSIENT: Tuple[str, ...] = ("skip_items",)
     skip_items: Callable[[], int] = staticmethod(_no_skip)

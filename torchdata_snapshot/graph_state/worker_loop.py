@@ -11,8 +11,9 @@ items that opened them, and a replay checks them first. Elastic resume plugs in 
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Protocol, Sequence
 
+from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.utils.worker import WorkerInfo
 
@@ -20,18 +21,41 @@ from torchdata_snapshot._errors import ExceptionWrapper, ProtocolError, StateCap
 from torchdata_snapshot.checkpoint.digest import parse_chain_hex
 from torchdata_snapshot.checkpoint.worker_loop import ReplayingWorkerLoop
 from torchdata_snapshot.core.graph import graph_datapipes
-from torchdata_snapshot.core.messages import ReplayRequest, ResetEpochRequest, StateMarkResponse
+from torchdata_snapshot.core.messages import ElasticEpoch, ReplayRequest, ResetEpochRequest, StateMarkResponse
 from torchdata_snapshot.core.options import WorkerOptions
-from torchdata_snapshot.core.plugins import ElasticWorker, installed
+from torchdata_snapshot.core.plugins import installed
 from torchdata_snapshot.core.transport.batches import QueuedItem
 from torchdata_snapshot.core.transport.channel import Endpoint
 from torchdata_snapshot.core.worker.dispatcher import find_dispatched_sources
 from torchdata_snapshot.core.worker.epoch import WorkerEpoch
 from torchdata_snapshot.graph_state.file_origins import check_opened
+from torchdata_snapshot.graph_state.graph_state import GraphState
 from torchdata_snapshot.graph_state.state_functions import StateFunctions
 from torchdata_snapshot.graph_state.worker_states import WorkerStates, carried_state_functions
 
-__all__ = ["StatefulWorkerLoop"]
+__all__ = ["ElasticWorker", "StatefulWorkerLoop"]
+
+
+class ElasticWorker(Protocol):
+    """Elastic resume (an optional feature, ``elastic_worker`` in :mod:`torchdata_snapshot.core.plugins`),
+    in a worker: counts how far into its element the graph's expander is (what each item carries
+    as ``partial``) and, in an epoch resumed elastically, deals only what remains of it."""
+
+    def prepare(self, datapipe: DataPipe) -> DataPipe:
+        """The worker's graph (not resumable as a whole) with an expander that counts."""
+
+    def reset_epoch(
+        self,
+        datapipe: DataPipe,
+        sharding: ShardingFilterIterDataPipe,
+        elastic: Optional[ElasticEpoch],
+        graph_state: GraphState,
+        stateful: bool,
+    ) -> None:
+        """Set up the epoch about to start (``elastic``: it resumes elastically)."""
+
+    def partial(self) -> Optional[int]:
+        """At a yield point: the items of the expander's current element handed on."""
 
 
 class StatefulWorkerLoop(ReplayingWorkerLoop):

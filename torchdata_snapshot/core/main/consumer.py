@@ -18,7 +18,7 @@ from torchdata.dataloader2.graph import DataPipe
 
 from torchdata_snapshot._constants import CLOSED_EPOCH, DEFAULT_CONTROL_TIMEOUT_S, TERMINATE_LOCK_WAIT_S
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
-from torchdata_snapshot.core.main.links import WorkerLinks
+from torchdata_snapshot.core.main.links import Replacer, WorkerLinks
 from torchdata_snapshot.core.main.positions import UserPositions
 from torchdata_snapshot.core.main.worker_record import WorkerRecord
 from torchdata_snapshot.core.messages import (
@@ -37,7 +37,7 @@ from torchdata_snapshot.core.messages import (
     ResumeRequest,
     ResumeResponse,
 )
-from torchdata_snapshot.core.plugins import Replacer, StreamLog
+from torchdata_snapshot.core.plugins import StreamLog
 from torchdata_snapshot.core.transport.batches import END, Raised
 from torchdata_snapshot.core.transport.channel import Channel
 

@@ -6,7 +6,7 @@ are returned), sending a request, and asking every worker at once and collecting
 Every wait is bounded; an exchange that does not complete leaves the links ``broken`` (a message
 may be lost, so nothing is read any more) and the reading service shuts down. A worker found dead
 during an epoch (from its reset on) is replaced when self-healing allows it
-(:class:`~torchdata_snapshot.core.plugins.Replacer`).
+(:class:`~torchdata_snapshot.core.main.links.Replacer`).
 See NOTE [ Snapshot protocol ] in :mod:`torchdata_snapshot.core.messages`.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence, Type, TypeVar, cast
+from typing import Any, Callable, List, Optional, Protocol, Sequence, Type, TypeVar, cast
 
 from torchdata_snapshot._constants import NO_EPOCH
 from torchdata_snapshot._errors import (
@@ -38,14 +38,34 @@ from torchdata_snapshot.core.messages import (
     TerminateRequest,
     TerminateResponse,
 )
-from torchdata_snapshot.core.plugins import ProgressLog, Replacer
+from torchdata_snapshot.core.plugins import ProgressLog
+from torchdata_snapshot.core.transport.channel import Channel
 
-__all__ = ["REPLACED", "SilentProgress", "WorkerLinks"]
+__all__ = ["REPLACED", "Replacer", "ReplacerFactory", "SilentProgress", "WorkerLinks"]
 
 R = TypeVar("R", bound=Response)
 
 #: Returned by :meth:`WorkerLinks.read` when the worker was found dead and replaced: read again.
 REPLACED: Any = object()
+
+
+class Replacer(Protocol):
+    """Self-healing (an optional feature, ``replacer`` in :mod:`torchdata_snapshot.core.plugins`):
+    gives a worker that died a new process, brought to where the dead one was."""
+
+    def replace(
+        self,
+        stream: WorkerRecord,
+        death: WorkerDiedError,
+        epoch: int,
+        reset: ResetEpochRequest,
+        paused: bool,
+    ) -> None: ...
+
+
+#: ``(respawn, restarts_allowed, control_timeout_s) -> Replacer``; ``respawn(worker_id)`` starts a
+#: new process for a worker and returns its channel.
+ReplacerFactory = Callable[[Callable[[int], Channel], int, float], Replacer]
 
 
 class SilentProgress:

@@ -26,6 +26,7 @@ from torchdata_snapshot._errors import ProtocolError
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 from torchdata_snapshot.core.main.consumer import WorkerConsumer
 from torchdata_snapshot.core.main.launcher import ProcessLauncher
+from torchdata_snapshot.core.main.links import Replacer, ReplacerFactory
 from torchdata_snapshot.core.main.outlet import Outlet
 from torchdata_snapshot.core.main.positions import UserPositions, not_one_to_one
 from torchdata_snapshot.core.messages import (
@@ -47,7 +48,7 @@ from torchdata_snapshot.core.messages import (
     TerminateResponse,
 )
 from torchdata_snapshot.core.options import FaultOptions, TensorPoolOptions, WorkerOptions
-from torchdata_snapshot.core.plugins import Replacer, StreamLog, require
+from torchdata_snapshot.core.plugins import StreamLog, require
 from torchdata_snapshot.core.transport.channel import Channel
 from torchdata_snapshot.core.worker.worker_graph import DispatchPlaceholder
 
@@ -293,8 +294,8 @@ class WorkerProcesses:
 
 def _replacer(launcher: ProcessLauncher, faults: FaultOptions) -> Optional[Replacer]:
     """Self-healing when ``restart_dead_workers`` asks for it (an optional feature: see
-    :class:`~torchdata_snapshot.core.plugins.Replacer`)."""
+    :class:`~torchdata_snapshot.core.main.links.Replacer`)."""
     if not faults.restart_dead_workers:
         return None
-    make = require("replacer", "restart_dead_workers")
+    make: ReplacerFactory = require("replacer", "restart_dead_workers")
     return make(launcher.restart_worker, faults.restart_dead_workers, faults.control_timeout_s)

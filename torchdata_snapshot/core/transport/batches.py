@@ -42,9 +42,9 @@ class QueuedItem:
     """An item pickled by its producer, waiting to be sent, with the stream's running digest
     after it (``None`` when digests are off), whether it shares memory with the reader, and the
     elements its graph's sharding filter had taken when it was yielded (``None``: not counted,
-    see :class:`~torchdata_snapshot.core.plugins.ElasticWorker`) and the items of the last of them handed on
-    (``partial``; ``None``: the graph has no expander), and the files opened while it was
-    produced (``opened``: a pickled tuple of ``FileOrigin``, ``None`` when none was)."""
+    see :class:`~torchdata_snapshot.graph_state.worker_loop.ElasticWorker`) and the items of the
+    last of them handed on (``partial``; ``None``: the graph has no expander), and the files
+    opened while it was produced (``opened``: a pickled tuple of ``FileOrigin``, ``None`` when none was)."""
 
     __slots__ = ("epoch", "payload", "digest", "shared", "taken", "partial", "slot", "opened")
 
