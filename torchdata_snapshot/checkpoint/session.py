@@ -6,8 +6,8 @@ epoch's seeds are drawn) and takes checkpoints of what the *user* received
 process starts (:meth:`CheckpointSession.plan`, with
 :func:`~torchdata_snapshot.checkpoint.restore_plan.plan_restore`) and resumed by the next
 epoch: each worker replays its stream to the user's position (:func:`replay_streams`), or the
-outlet replays the epoch in the main process. Its runtime keeps
-a :class:`~torchdata_snapshot.checkpoint.stream_log.StreamLog` per worker stream, its outlet is a
+outlet replays the epoch in the main process. Its runtime keeps a
+:class:`~torchdata_snapshot.checkpoint.stream_log.StreamLog` per worker stream, its outlet is a
 :class:`~torchdata_snapshot.checkpoint.outlet.ReplayingOutlet`, and with ``num_workers=0`` the
 pipeline has global RNG states of its own
 (:class:`~torchdata_snapshot.checkpoint.in_process.IsolatedInProcess`).
@@ -48,7 +48,13 @@ from torchdata_snapshot.core.options import RuntimeOptions
 from torchdata_snapshot.core.seeding import seeding_epoch
 from torchdata_snapshot.core.session import Session
 
-__all__ = ["CheckpointSession", "RestorePlan", "checkpoint_before_start", "replay_streams"]
+__all__ = [
+    "CheckpointSession",
+    "RestorePlan",
+    "checkpoint_before_start",
+    "replay_streams",
+    "stream_positions",
+]
 
 logger = logging.getLogger(__name__)
 
