@@ -7,17 +7,21 @@ import struct
 import sys
 import unittest
 from pathlib import Path
-from typing import List, Tuple
+from typing import Callable, List, Tuple
 
 import numpy
 import torch
 from suite_case import SuiteTestCase
+from torchdata.dataloader2.random import SeedGenerator
+from torchdata.dataloader2.utils.worker import WorkerInfo, process_reset_fn
+from torchdata.datapipes.iter import IterableWrapper
 
 import torchdata_snapshot
 from torchdata_snapshot.checkpoint.rng_states import (
     IsolatedRNG,
     pack_python_state,
     packed_global_rng_state,
+    seed_global_rngs,
     set_global_rng_state,
     unpack_global_rng_state,
     unpack_python_state,
@@ -183,6 +187,19 @@ class TestRng(SuiteTestCase):
         numpy.random.seed(3)
         _, key, *_ = packed_global_rng_state()[2]
         assert key == numpy.random.get_state()[1].astype("<u4").tobytes()
+
+    def test_the_global_rngs_are_seeded_as_a_workers_are_at_its_epochs_start(self) -> None:
+        def draws_after(seed: Callable[[], None]) -> Tuple[float, float, float]:
+            with IsolatedRNG().active():  # (the test's own global states are left alone)
+                seed()
+                return draw()
+
+        ours = draws_after(lambda: seed_global_rngs(SeedGenerator(5)))
+        workers = draws_after(
+            lambda: process_reset_fn(IterableWrapper([]), WorkerInfo(1, 0), SeedGenerator(5))
+        )
+        assert ours == workers
+        assert ours != draws_after(lambda: seed_global_rngs(SeedGenerator(6)))
 
     def test_the_package_reads_no_object_memory(self) -> None:
         """RNG states are read through their APIs, never at addresses of objects (``ctypes``)."""

@@ -16,9 +16,8 @@ from typing import Callable, Optional
 
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.random import SeedGenerator
-from torchdata.dataloader2.utils.worker import WorkerInfo, process_reset_fn
 
-from torchdata_snapshot.checkpoint.rng_states import IsolatedRNG
+from torchdata_snapshot.checkpoint.rng_states import IsolatedRNG, seed_global_rngs
 from torchdata_snapshot.checkpoint.seeds import own_seed_generator
 from torchdata_snapshot.core.main.in_process import InProcess
 from torchdata_snapshot.core.main.outlet import Outlet
@@ -44,11 +43,10 @@ class IsolatedInProcess(InProcess):
         elastic: Optional[ElasticEpoch] = None,
         replay: Optional[Callable] = None,
     ) -> None:
-        """The pipeline's global states seeded as a worker's are (``process_reset_fn``, which seeds
-        its DataPipes too) from a generator of their own (:func:`own_seed_generator`), then its
-        DataPipes seeded as torchdata seeds them in this process, from ``seed_generator``."""
+        """The pipeline's global states seeded from a generator of their own
+        (:func:`own_seed_generator`), then its DataPipes seeded as torchdata seeds them in this
+        process, from ``seed_generator``."""
         if self.rng is not None:
-            own = own_seed_generator(seed_generator)
             with self.rng.active():
-                process_reset_fn(outlet, WorkerInfo(1, 0), own)
+                seed_global_rngs(own_seed_generator(seed_generator))
         super().start_epoch(outlet, epoch, seed_generator, iter_reset_fn)

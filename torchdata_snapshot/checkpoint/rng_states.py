@@ -26,12 +26,14 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Tuple
 
 import torch
+from torchdata.dataloader2.random import SeedGenerator
 
 __all__ = [
     "IsolatedRNG",
     "check_global_rng_state",
     "pack_python_state",
     "packed_global_rng_state",
+    "seed_global_rngs",
     "set_global_rng_state",
     "unpack_global_rng_state",
     "unpack_numpy_state",
@@ -68,6 +70,20 @@ def packed_global_rng_state() -> Tuple[Any, Any, Any]:
     state, as bytes, which pickle in a fraction of the time their tuples of ints take
     (:func:`unpack_global_rng_state` unpacks them)."""
     return (pack_python_state(random.getstate()), torch.get_rng_state().numpy().tobytes(), _numpy_state())
+
+
+def seed_global_rngs(seed_generator: SeedGenerator) -> None:
+    """Seed the ``random``, ``torch`` and (where it is installed) ``numpy`` global RNGs with the
+    next three seeds ``seed_generator`` draws for this process, as a worker's are seeded at the
+    start of its epoch (numpy takes 32 bits)."""
+    random.seed(seed_generator.generate_seed())
+    torch.manual_seed(seed_generator.generate_seed())
+    numpy_seed = seed_generator.generate_seed() >> 32
+    try:
+        import numpy.random
+    except ImportError:
+        return
+    numpy.random.seed(numpy_seed)
 
 
 def set_global_rng_state(state: Tuple[Any, Any, Any]) -> None:
