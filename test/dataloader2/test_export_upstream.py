@@ -365,7 +365,7 @@ PRIVATE_FIELD_READERS = {
     "torchdata/dataloader2/random/seed_generator.py": ["seed_engine_states", "load_seed_engine_states"],
     "torchdata/dataloader2/graph/utils.py": [
         "samples_yielded",
-        "shuffler_settings",
+        "iterator_id",
         "prefetcher_in_progress",
     ],
     "torchdata/dataloader2/error.py": ["ExceptionWrapper", "RemoteTraceback"],

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import functools
 import os
+import pickle
 import unittest
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Sequence
 
 import pytest
+import torch
 from suite_case import SuiteTestCase
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 from torch.utils.data import IterDataPipe
@@ -17,7 +19,7 @@ from torch.utils.data.datapipes.iter.filelister import FileListerIterDataPipe
 from torchdata.datapipes.iter import FileLister, IterableWrapper
 
 from torchdata_snapshot._errors import ChangedFileError
-from torchdata_snapshot.graph_state.equivalents import ADAPTERS, ResumableIterableWrapper
+from torchdata_snapshot.graph_state.equivalents import ADAPTERS, ResumableIterableWrapper, ResumableShuffler
 
 Build = Callable[[Callable[[Sequence[Any]], IterDataPipe], Path], IterDataPipe]
 
@@ -55,10 +57,18 @@ def _chain(build: Build, tmp: Path, resumable: bool) -> List[IterDataPipe]:
 
     top = build(source, tmp)
     if resumable:
-        adapted = ADAPTERS[type(top)](top)
+        adapted = ADAPTERS[type(top)].adapt(top)
         assert adapted is not None
         top = adapted
     return [*leaves, top]
+
+
+def _length(dp: IterDataPipe) -> Any:
+    """``len(dp)``, or the type of what it raised."""
+    try:
+        return len(dp)
+    except TypeError as e:
+        return type(e)
 
 
 class TestResumableDatapipes(SuiteTestCase):
@@ -134,16 +144,51 @@ class TestResumableDatapipes(SuiteTestCase):
             root.mkdir()
             for name in ("a.txt", "b.txt", "c.txt"):
                 (root / name).write_text(name)
-        lister = ADAPTERS[FileListerIterDataPipe](FileLister(str(old), abspath=abspath))
+        lister = ADAPTERS[FileListerIterDataPipe].adapt(FileLister(str(old), abspath=abspath))
         it = iter(lister)
         next(it), next(it)
         state = {**lister.state_dict(), "root": str(new)}  # type: ignore[attr-defined]
-        again = ADAPTERS[FileListerIterDataPipe](FileLister(str(new), abspath=abspath))
+        again = ADAPTERS[FileListerIterDataPipe].adapt(FileLister(str(new), abspath=abspath))
         again.load_state_dict(state)  # type: ignore[attr-defined]
         assert os.path.basename(next(iter(again))) == "c.txt"  # (then its source's roots, afresh)
         os.rename(new / "b.txt", new / "b2.txt")
         with pytest.raises(ChangedFileError, match=f"{new} lists other files"):
             again.load_state_dict(state)  # type: ignore[attr-defined]
+
+    @parametrize("name", sorted(BUILDS))
+    def test_a_datapipe_becomes_resumable_in_place_keeping_its_own_class_and_configuration(
+        self, name: str
+    ) -> None:
+        """The resumable class extends the original: it initializes nothing and the DataPipe keeps
+        its identity, its configuration and its own methods (``len()``, ``set_seed``), and it
+        pickles and unpickles as its original does."""
+        top = BUILDS[name](IterableWrapper, self.tmp)
+        original, configuration, length = type(top), dict(vars(top)), _length(top)
+        resumable = ADAPTERS[original]
+        assert issubclass(resumable, original) and "__init__" not in vars(resumable)
+        assert resumable.adapt(top) is top and type(top) is resumable
+        assert {k: v for k, v in vars(top).items() if k in configuration} == configuration
+        again = pickle.loads(pickle.dumps(top))
+        assert type(again) is resumable and list(again) == list(top)
+        assert _length(top) == length
+
+    def test_a_shuffler_only_resets_otherwise(self) -> None:
+        """Shuffler keeps its buffer and RNG in attributes: its resumable class iterates with the
+        original's code, and a loaded state stands in for a reseed, which would draw another
+        order, and, without a seed set, draw from torch's global generator too."""
+        assert "__iter__" not in vars(ResumableShuffler)
+        source = ResumableIterableWrapper(range(20))
+        shuffler = ResumableShuffler.adapt(source.shuffle(buffer_size=6).set_seed(3))
+        it = iter(shuffler)
+        before = [next(it) for _ in range(9)]
+        state, position = shuffler.state_dict(), source.state_dict()  # type: ignore[attr-defined]
+        rest = list(it)
+        assert sorted(before + rest) == list(range(20)) and before + rest != list(range(20))
+        torch_state = torch.get_rng_state()  # (the seed was used: a reset would draw one)
+        shuffler.load_state_dict(state)  # type: ignore[attr-defined]
+        source.load_state_dict(position)
+        assert list(shuffler) == rest
+        assert torch.equal(torch.get_rng_state(), torch_state)
 
     def test_a_malformed_state_is_refused_when_loaded(self) -> None:
         with pytest.raises(ValueError, match="the state of ResumableIterableWrapper must have the fields"):

@@ -20,6 +20,7 @@ from torch.testing._internal.common_utils import TestCase, instantiate_parametri
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 from torchdata.datapipes.iter import FileOpener, IterableWrapper
 
+from torchdata_snapshot._compat.datapipes import samples_yielded
 from torchdata_snapshot._errors import ChangedFileError, StateCaptureError, StateRestoreError
 from torchdata_snapshot.graph_state.file_origins import (
     check_opened,
@@ -32,7 +33,7 @@ from torchdata_snapshot.graph_state.readers import READER_ADAPTERS, ResumableRea
 
 
 def adapted(dp: Any) -> Any:
-    replacement = READER_ADAPTERS[type(dp)](dp)
+    replacement = READER_ADAPTERS[type(dp)].adapt(dp)
     assert replacement is not None
     return replacement
 
@@ -153,6 +154,34 @@ class TestResumableReaders(SuiteTestCase):
     def test_openers_hold_nothing_at_a_yield_point(self) -> None:
         maker = opened(self.texts)
         assert isinstance(maker, StreamMaker) and not hasattr(maker, "state_dict")
+
+    @parametrize("name", ["enumerate", "add_index", "lines_to_paragraphs", "webdataset"])
+    def test_what_accumulates_or_counts_becomes_resumable_in_place(self, name: str) -> None:
+        """Those whose generator holds a count or what it accumulated become their resumable
+        subclass, keeping their configuration; a copy restored after each item yields the rest."""
+        lines = [("a.txt", "x"), ("a.txt", ""), ("a.txt", "y"), ("b.txt", "z")]
+        members = [("s/1.jpg", "p"), ("s/1.cls", "q"), ("s/2.jpg", "r"), ("s/3.jpg", "t")]
+        build = {
+            "enumerate": lambda: IterableWrapper("abcd").enumerate(starting_index=5),
+            "add_index": lambda: IterableWrapper([{"v": i} for i in range(4)]).add_index("at"),
+            "lines_to_paragraphs": lambda: IterableWrapper(lines).lines_to_paragraphs(),
+            "webdataset": lambda: IterableWrapper(members).webdataset(),
+        }[name]
+        everything, dp = list(build()), build()
+        kind, configuration = type(dp), dict(vars(dp))
+        resumable = READER_ADAPTERS[kind]
+        assert resumable.adapt(dp) is dp and isinstance(dp, kind) and "__init__" not in vars(type(dp))
+        assert {k: v for k, v in vars(dp).items() if k in configuration} == configuration
+        source = dp.source_datapipe
+        for k in range(len(everything) + 1):
+            it = iter(dp)
+            head = [next(it) for _ in range(k)]
+            state, taken = dp.state_dict(), samples_yielded(source)
+            again = build()
+            resumable.adapt(again)
+            again.source_datapipe = IterableWrapper(list(source)[taken:])
+            again.load_state_dict(state)
+            assert head + list(again) == everything, f"restored after {k}"
 
 
 instantiate_parametrized_tests(TestResumableReaders)

@@ -1,18 +1,14 @@
 """The fields of DataPipes the reading service reads: the counters torch keeps on every DataPipe,
-its iterator hook, and what a few DataPipes of torch and torchdata keep to themselves (a
-``Shuffler``'s settings, an ``UnBatcher``'s and a ``FlatMapper``'s expansion, a ``Decompressor``'s
+its iterator hook, and what a few DataPipes of torchdata keep to themselves (a ``Decompressor``'s
 detection, the text readers' arguments, a ``Prefetcher``'s thread)."""
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
+from typing import Any, Callable, Iterator, Optional, Tuple
 
-from torch.utils.data.datapipes.iter.combinatorics import ShufflerIterDataPipe
-from torch.utils.data.datapipes.iter.grouping import UnBatcherIterDataPipe
 from torch.utils.data.graph import DataPipe
 from torchdata.datapipes.iter import Decompressor as DecompressorIterDataPipe
-from torchdata.datapipes.iter import FlatMapper as FlatMapperIterDataPipe
 from torchdata.datapipes.iter import Prefetcher as PrefetcherIterDataPipe
 
 
@@ -37,22 +33,6 @@ def unhooked_iter(cls: type, iter_fn: Callable[[Any], Iterator[Any]]) -> None:
     iterators' validity and count its own items.
     """
     cls.__iter__ = iter_fn  # type: ignore[attr-defined]
-
-
-def shuffler_settings(dp: ShufflerIterDataPipe) -> Tuple[bool, Optional[int]]:
-    """``(enabled, seed for the next iteration)`` of a ``Shuffler``."""
-    return dp._enabled, dp._seed
-
-
-#: ``UnBatcher``'s expansion of one element, borrowed as a method by a class with an
-#: ``unbatch_level`` attribute: ``self._dive(element, unbatch_level=...)``.
-unbatch_dive: Callable[..., Iterator[Any]] = UnBatcherIterDataPipe._dive
-
-
-def flatmap_expand(dp: FlatMapperIterDataPipe) -> Callable[[Any, Any], Iterable[Any]]:
-    """``FlatMapper``'s per-element function (``input_col`` handling included), called
-    as ``fn(holder, element)`` where ``holder`` has ``fn`` and ``input_col``."""
-    return type(dp)._apply_fn
 
 
 def compression_type(decompressor: DecompressorIterDataPipe, path: str) -> str:

@@ -8,10 +8,10 @@ element that were handed on, less the one a DataPipe after it may hold (``webdat
 sample, ``lines_to_paragraphs``'s next paragraph). An elastic resume deals that element again,
 and the expander skips that many of its items (``ElementProgress.skip()``).
 
-The expander and the DataPipes that hold an item are the resumable equivalents of the original
+The expander and the DataPipes that hold an item are made resumable
 (:class:`~torchdata_snapshot.graph_state.resumable.Expander`), which count; a graph that is not made
-resumable as a whole gets them in place of the originals (``with_counting_expander()``). They
-yield what the originals yield.
+resumable as a whole gets just them made so (``with_counting_expander()``). They yield what the
+originals yield.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def chain_after(sf: DataPipe, end: DataPipe) -> Union[List[DataPipe], DataPipe]:
 
 
 def _expander_at(chain: Sequence[DataPipe]) -> int:
-    """The index of the chain's one expander (the original or its resumable equivalent), or -1 if not one."""
+    """The index of the chain's one expander (the original or made resumable), or -1 if not one."""
     found = [i for i, dp in enumerate(chain) if type(dp) in EXPANDING or isinstance(dp, Expander)]
     return found[0] if len(found) == 1 else -1
 
@@ -112,8 +112,8 @@ class ElementProgress:
 
 def with_counting_expander(datapipe: DataPipe) -> DataPipe:
     """``datapipe`` (a worker's graph, not made resumable as a whole) with its original expander
-    after its sharding filter, and the DataPipes after it that may hold an item, replaced by
-    their resumable equivalents, which count and yield what the originals yield."""
+    after its sharding filter, and the DataPipes after it that may hold an item, made resumable:
+    they count, and yield what the originals yield."""
     sf = sharding_point(datapipe)
     chain = [] if sf is None else chain_after(sf, datapipe)
     at = _expander_at(chain) if isinstance(chain, list) else -1
@@ -122,7 +122,9 @@ def with_counting_expander(datapipe: DataPipe) -> DataPipe:
     graph = traverse_dps(datapipe)
     for dp in chain[at:]:
         if type(dp) in EXPANDING or type(dp) in HOLDING_ONE:
-            counting = RESUMABLE_ADAPTERS[type(dp)](dp)
-            if counting is not None:  # (else nothing counts: an elastic restore refuses the state)
-                graph = replace_dp(graph, dp, counting)
+            adapter = RESUMABLE_ADAPTERS[type(dp)]
+            if adapter.adapts(dp):  # (else nothing counts: an elastic restore refuses the state)
+                counting = adapter.adapt(dp)
+                if counting is not dp:
+                    graph = replace_dp(graph, dp, counting)
     return next(iter(graph.values()))[0]

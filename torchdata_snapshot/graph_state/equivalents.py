@@ -1,10 +1,12 @@
-"""The resumable equivalents of torchdata's DataPipes whose state lives in generator frames.
+"""Resumable subclasses of torch's and torchdata's DataPipes whose state lives in generator frames.
 
-In a worker whose graph can resume from captured states, ``GraphState.make_resumable`` replaces
-each DataPipe of a type in ``ADAPTERS`` by its equivalent here, which keeps that state
-in attributes (see :class:`~torchdata_snapshot.graph_state.resumable.Resumable`) and yields exactly what
-the original yields, epoch after epoch. The types that hold no state at a yield point stay as
-they are (``stateless`` in :mod:`torchdata_snapshot.core.catalogue`).
+In a worker whose graph can resume from captured states, ``GraphState.make_resumable`` makes
+each DataPipe of a type in ``ADAPTERS`` an instance of its subclass here, in place: the
+DataPipe keeps its configuration and its own methods, and the subclass adds what its generator
+kept in the frame as attributes (see :class:`~torchdata_snapshot.graph_state.resumable.Resumable`),
+yielding exactly what the original yields, epoch after epoch. ``Shuffler`` keeps its state in
+attributes already: only its ``reset()`` changes. The types that hold no state at a yield point
+stay as they are (``stateless`` in :mod:`torchdata_snapshot.core.catalogue`).
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ import random
 import warnings
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, Optional, Type
 
-import torch
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter.combinatorics import ShufflerIterDataPipe
 from torch.utils.data.datapipes.iter.combining import (
@@ -34,12 +35,7 @@ from torchdata.datapipes.iter import Cycler as CyclerIterDataPipe
 from torchdata.datapipes.iter import FlatMapper as FlatMapperIterDataPipe
 from torchdata.datapipes.iter import Header as HeaderIterDataPipe
 
-from torchdata_snapshot._compat.datapipes import (
-    flatmap_expand,
-    samples_yielded,
-    shuffler_settings,
-    unbatch_dive,
-)
+from torchdata_snapshot._compat.datapipes import samples_yielded
 from torchdata_snapshot._errors import ChangedFileError
 from torchdata_snapshot.checkpoint.rng_states import pack_python_state, unpack_python_state
 from torchdata_snapshot.graph_state.resumable import Expander, Resumable
@@ -58,22 +54,25 @@ __all__ = [
 ]
 
 
-class ResumableIterableWrapper(Resumable):
+class ResumableIterableWrapper(IterableWrapperIterDataPipe, Resumable):
     """``IterableWrapper`` over a sequence: its state is the position in it (where this iteration
     started plus what torch's iterator hook counted since, so no per-item bookkeeping). A
     resumed iteration starts at the position by indexing, in constant time."""
 
     STATE = {"position": int}
+    _start = 0
+
+    @classmethod
+    def adapts(cls, dp: IterDataPipe) -> bool:
+        iterable = getattr(dp, "iterable", None)
+        return isinstance(iterable, (Sequence, range)) and not isinstance(iterable, (str, bytes))
+
+    iterable: Sequence[Any]  # (a sequence: see adapts())
 
     def _check_state(self, state: Dict[str, Any]) -> Dict[str, Any]:
         if state["position"] > len(self.iterable):
             raise ValueError(f"position {state['position']} is past the end ({len(self.iterable)} items)")
         return state
-
-    def __init__(self, iterable: Sequence, deepcopy: bool = True) -> None:
-        self.iterable = iterable
-        self.deepcopy = deepcopy
-        self._start = 0
 
     def __iter__(self) -> Iterator[Any]:
         state = self._take_pending()
@@ -94,12 +93,11 @@ class ResumableIterableWrapper(Resumable):
     def state_dict(self) -> Dict[str, Any]:
         return {"position": self._start + samples_yielded(self)}
 
-    def __len__(self) -> int:
-        return len(self.iterable)
 
-
-class ResumableShuffler(Resumable):
-    """``Shuffler`` with the same reservoir sampling and RNG use; its state is buffer and RNG."""
+class ResumableShuffler(ShufflerIterDataPipe, Resumable):
+    """``Shuffler`` keeps its buffer and RNG in attributes already: its state is theirs, and only
+    its ``reset()`` (at the start of each iteration) changes: a loaded state stands in for the
+    fresh buffer and seed."""
 
     STATE = {"enabled": bool, "buffer": list, "rng": tuple}
 
@@ -107,49 +105,14 @@ class ResumableShuffler(Resumable):
         random.Random().setstate(unpack_python_state(state["rng"]))  # raises for a state that is not one
         return state
 
-    def __init__(self, datapipe: IterDataPipe, buffer_size: int, enabled: bool, seed: Optional[int]) -> None:
-        self.datapipe = datapipe
-        self.buffer_size = buffer_size
-        self._enabled = enabled
-        self._seed = seed
-        self._rng = random.Random()
-        self._buffer: List[Any] = []
-
-    def set_shuffle(self, shuffle: bool = True) -> ResumableShuffler:
-        self._enabled = shuffle
-        return self
-
-    def set_seed(self, seed: int) -> ResumableShuffler:
-        self._seed = seed
-        return self
-
     def reset(self) -> None:
-        self._buffer = []
-        if self._enabled:
-            if self._seed is None:
-                self._seed = int(torch.empty((), dtype=torch.int64).random_().item())
-            self._rng.seed(self._seed)
-            self._seed = None
-
-    def __iter__(self) -> Iterator[Any]:
         state = self._take_pending()
-        if state is not None:
-            self._enabled = state["enabled"]
-            self._buffer = list(state["buffer"])
-            self._rng.setstate(unpack_python_state(state["rng"]))
-        if not self._enabled:
-            yield from self.datapipe
+        if state is None:
+            super().reset()
             return
-        for x in self.datapipe:
-            if len(self._buffer) == self.buffer_size:
-                idx = self._rng.randint(0, len(self._buffer) - 1)
-                val, self._buffer[idx] = self._buffer[idx], x
-                yield val
-            else:
-                self._buffer.append(x)
-        while self._buffer:
-            idx = self._rng.randint(0, len(self._buffer) - 1)
-            yield self._buffer.pop(idx)
+        # What the shuffler had after the items of the state: a reseed would draw another order.
+        self._enabled, self._buffer, self._seed = state["enabled"], list(state["buffer"]), None
+        self._rng.setstate(unpack_python_state(state["rng"]))
 
     def state_dict(self) -> Dict[str, Any]:
         return {
@@ -157,9 +120,6 @@ class ResumableShuffler(Resumable):
             "buffer": list(self._buffer),
             "rng": pack_python_state(self._rng.getstate()),
         }
-
-    def __len__(self) -> int:
-        return len(self.datapipe)
 
 
 class _Expanding(Expander):
@@ -176,7 +136,7 @@ class _Expanding(Expander):
     def _expand(self, element: Any) -> Iterable[Any]:
         raise NotImplementedError
 
-    def __iter__(self) -> Iterator[Any]:
+    def _expanded(self) -> Iterator[Any]:
         state = self._take_pending()
         self._items, self._took = (deque(state["items"]), state["took"]) if state else (deque(), 0)
         while self._items:
@@ -198,44 +158,31 @@ class _Expanding(Expander):
         return {"items": list(self._items), "took": self._took}
 
 
-class ResumableUnBatcher(_Expanding):
-    """``UnBatcher``, through torchdata's own expansion."""
-
-    _dive = unbatch_dive
-
-    def __init__(self, datapipe: IterDataPipe, unbatch_level: int) -> None:
-        self.datapipe = datapipe
-        self.unbatch_level = unbatch_level
-        self._items = deque()
+class ResumableUnBatcher(UnBatcherIterDataPipe, _Expanding):
+    """``UnBatcher``, through its own expansion of an element."""
 
     def _expand(self, element: Any) -> Iterable[Any]:
         return self._dive(element, unbatch_level=self.unbatch_level)
 
+    def __iter__(self) -> Iterator[Any]:
+        yield from self._expanded()
 
-class ResumableFlatMapper(_Expanding):
-    """``FlatMapper``: the function is applied through the original DataPipe's ``_apply_fn``
-    (``input_col`` handling included)."""
 
-    def __init__(self, original: Any) -> None:
-        self.datapipe = original.datapipe
-        self.fn = original.fn
-        self.input_col = original.input_col
-        self._original_apply = flatmap_expand(original)
-        self._items = deque()
+class ResumableFlatMapper(FlatMapperIterDataPipe, _Expanding):
+    """``FlatMapper``, through its own ``_apply_fn`` (``input_col`` handling included)."""
 
     def _expand(self, element: Any) -> Iterable[Any]:
-        return self._original_apply(self, element)
+        return self._apply_fn(element)
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from self._expanded()
 
 
-class ResumableHeader(Resumable):
+class ResumableHeader(HeaderIterDataPipe, Resumable):
     """``Header``: its state is how many items it took."""
 
     STATE = {"taken": int}
-
-    def __init__(self, source_datapipe: IterDataPipe, limit: Optional[int]) -> None:
-        self.source_datapipe = source_datapipe
-        self.limit = limit
-        self._taken = 0
+    _taken = 0
 
     def __iter__(self) -> Iterator[Any]:
         state = self._take_pending()
@@ -251,7 +198,11 @@ class ResumableHeader(Resumable):
         return {"taken": self._taken}
 
 
-class ResumableCycler(Resumable):
+def _nothing_loaded() -> None:
+    """``ResumableCycler.on_new_pass`` outside a :class:`GraphState`: no state was loaded."""
+
+
+class ResumableCycler(CyclerIterDataPipe, Resumable):
     """``Cycler``: its state is the cycle in progress (the source holds its own position).
 
     A loaded state belongs to the pass in progress when it was captured: every later pass
@@ -260,14 +211,10 @@ class ResumableCycler(Resumable):
     """
 
     STATE = {"cycle": int}
-
-    def __init__(self, source_datapipe: IterDataPipe, count: Optional[int]) -> None:
-        self.source_datapipe = source_datapipe
-        self.count = count
-        self._cycle = 0
-        # A function, neither a DataPipe nor a collection: graph traversal (which pickles
-        # DataPipes) does not take the DataPipes it refers to for sources.
-        self.on_new_pass: Callable[[], None] = _nothing_loaded
+    _cycle = 0
+    # A function, neither a DataPipe nor a collection: graph traversal (which pickles
+    # DataPipes) does not take the DataPipes it refers to for sources.
+    on_new_pass: Callable[[], None] = staticmethod(_nothing_loaded)
 
     def __iter__(self) -> Iterator[Any]:
         state = self._take_pending()
@@ -284,23 +231,16 @@ class ResumableCycler(Resumable):
         return {"cycle": self._cycle}
 
 
-def _nothing_loaded() -> None:
-    """``ResumableCycler.on_new_pass`` outside a :class:`GraphState`: no state was loaded."""
-
-
-class ResumableConcater(Resumable):
+class ResumableConcater(ConcaterIterDataPipe, Resumable):
     """``Concater``: its state is the source in progress."""
 
     STATE = {"index": int}
+    _index = 0
 
     def _check_state(self, state: Dict[str, Any]) -> Dict[str, Any]:
         if state["index"] > len(self.datapipes):
             raise ValueError(f"source {state['index']} of {len(self.datapipes)} does not exist")
         return state
-
-    def __init__(self, *datapipes: IterDataPipe) -> None:
-        self.datapipes = datapipes
-        self._index = 0
 
     def __iter__(self) -> Iterator[Any]:
         state = self._take_pending()
@@ -313,15 +253,12 @@ class ResumableConcater(Resumable):
         return {"index": self._index}
 
 
-class ResumableMultiplexer(Resumable):
+class ResumableMultiplexer(MultiplexerIterDataPipe, Resumable):
     """``Multiplexer`` (one item from each source per round, until one is exhausted): its state is
     what is left of the round in progress."""
 
     STATE = {"round": list}
-
-    def __init__(self, *datapipes: IterDataPipe) -> None:
-        self.datapipes = datapipes
-        self._round: Deque[Any] = deque()
+    _round: Deque[Any] = deque()
 
     def __iter__(self) -> Iterator[Any]:
         state = self._take_pending()
@@ -357,7 +294,7 @@ def _name_bytes(path: str, prefix: str) -> bytes:
     return name.encode("utf-8", "surrogateescape") + b"\0"
 
 
-class ResumableFileLister(Resumable):
+class ResumableFileLister(FileListerIterDataPipe, Resumable):
     """``FileLister``: its state is the root being listed, how many of its files were yielded and
     a digest of their names below the root (the listing is recomputed on restore, not stored). A
     root that lists other files before that position now (a file added, removed or renamed,
@@ -369,15 +306,8 @@ class ResumableFileLister(Resumable):
     #: The running digest (a hash object does not pickle; the graph is pickled between epochs).
     TRANSIENT = ("_listed",)
     _listed = _listing_digest()  # never updated: each root starts its own
-
-    def __init__(self, original: FileListerIterDataPipe) -> None:
-        self.datapipe = original.datapipe
-        self.masks = original.masks
-        self.recursive = original.recursive
-        self.abspath = original.abspath
-        self.non_deterministic = original.non_deterministic
-        self._root: Optional[str] = None
-        self._yielded = 0
+    _root: Optional[str] = None
+    _yielded = 0
 
     def _list(self, root: str) -> Iterable[str]:
         return get_file_pathnames_from_root(
@@ -431,23 +361,16 @@ class ResumableFileLister(Resumable):
         return {"root": self._root, "yielded": self._yielded, "listed": self._listed.hexdigest()}
 
 
-def _adapt_iterable_wrapper(dp: IterableWrapperIterDataPipe) -> Optional[IterDataPipe]:
-    iterable = dp.iterable
-    if isinstance(iterable, (Sequence, range)) and not isinstance(iterable, (str, bytes)):
-        return ResumableIterableWrapper(iterable, dp.deepcopy)
-    return None
-
-
-#: DataPipe type -> a function building its resumable equivalent (or ``None`` when
-#: this instance cannot resume, e.g. an ``IterableWrapper`` over a generator).
-ADAPTERS: Dict[type, Callable[[Any], Optional[IterDataPipe]]] = {
-    IterableWrapperIterDataPipe: _adapt_iterable_wrapper,
-    ShufflerIterDataPipe: lambda dp: ResumableShuffler(dp.datapipe, dp.buffer_size, *shuffler_settings(dp)),
-    UnBatcherIterDataPipe: lambda dp: ResumableUnBatcher(dp.datapipe, dp.unbatch_level),
+#: DataPipe type -> its resumable subclass, which the DataPipe becomes in place
+#: (:meth:`Resumable.adapt`) when the subclass ``adapts`` it.
+ADAPTERS: Dict[type, Type[Resumable]] = {
+    IterableWrapperIterDataPipe: ResumableIterableWrapper,
+    ShufflerIterDataPipe: ResumableShuffler,
+    UnBatcherIterDataPipe: ResumableUnBatcher,
     FlatMapperIterDataPipe: ResumableFlatMapper,
-    HeaderIterDataPipe: lambda dp: ResumableHeader(dp.source_datapipe, dp.limit),
-    CyclerIterDataPipe: lambda dp: ResumableCycler(dp.source_datapipe, dp.count),
-    ConcaterIterDataPipe: lambda dp: ResumableConcater(*dp.datapipes),
-    MultiplexerIterDataPipe: lambda dp: ResumableMultiplexer(*dp.datapipes),
+    HeaderIterDataPipe: ResumableHeader,
+    CyclerIterDataPipe: ResumableCycler,
+    ConcaterIterDataPipe: ResumableConcater,
+    MultiplexerIterDataPipe: ResumableMultiplexer,
     FileListerIterDataPipe: ResumableFileLister,
 }

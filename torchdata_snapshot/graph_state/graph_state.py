@@ -16,11 +16,12 @@ by its sources' future output plus a small state:
 * ``ShardingFilter``: stays in place (``DataLoader2`` finds it by its exact type when seeding);
   its state is how many items it yielded, from which follows how many it took from its source;
   a resumed epoch shifts its ``instance_id`` accordingly (``graph_state.sharding_shift``);
-* torchdata's DataPipes whose state lives in generator frames are replaced, in the worker, by
-  equivalents that keep it in attributes (``graph_state.equivalents``): ``IterableWrapper``
-  (over a sequence or range), ``Shuffler`` (buffer and RNG), ``UnBatcher``, ``Header``,
-  ``Cycler``, ``Concater``, ``Multiplexer``, ``FileLister``; and the readers, which open,
-  decompress, unpack and parse files (``graph_state.readers``); they yield exactly what the originals
+* torch's and torchdata's DataPipes whose state lives in generator frames become, in the
+  worker, instances of subclasses that keep it in attributes (``graph_state.equivalents``):
+  ``IterableWrapper`` (over a sequence or range), ``Shuffler`` (only its reset changes),
+  ``UnBatcher``, ``FlatMapper``, ``Header``, ``Cycler``, ``Concater``, ``Multiplexer``,
+  ``FileLister``; the readers, which open, decompress, unpack and parse files, run their own
+  code one element at a time (``graph_state.readers``); they yield exactly what the originals
   yield, epoch after epoch;
 * any DataPipe with ``state_dict()`` and ``load_state_dict(state)`` methods, or whose type was
   registered with :func:`~torchdata_snapshot.register_state_functions` (``graph_state.state_functions``).
@@ -40,7 +41,7 @@ past those iterations (a new epoch, a new pass of ``cycle()``) whatever was load
 DataPipes below is forgotten, so that they start afresh (``GraphState.forget``).
 
 This module holds the ``GraphState`` each worker keeps for its graph: which DataPipes can
-resume, the rewrite into equivalents, capturing and loading the graph's state, and forgetting.
+resume, the rewrite into resumable DataPipes, capturing and loading the graph's state, and forgetting.
 It is created with the registered state functions the main process sent the worker: a worker
 started by ``spawn`` or ``forkserver`` does not run the code that registered them.
 """
@@ -65,7 +66,7 @@ from torchdata_snapshot.core.catalogue import types_where
 from torchdata_snapshot.core.graph import datapipe_state_dicts, describe_datapipe, graph_datapipes
 from torchdata_snapshot.graph_state.equivalents import ADAPTERS, ResumableCycler
 from torchdata_snapshot.graph_state.readers import READER_ADAPTERS
-from torchdata_snapshot.graph_state.resumable import Resumable
+from torchdata_snapshot.graph_state.resumable import Adapter, Resumable
 from torchdata_snapshot.graph_state.sharding_shift import ShardingShifts
 from torchdata_snapshot.graph_state.state_functions import StateFunctions, registered_state_functions
 
@@ -82,7 +83,7 @@ _RNG_KEY = "__global_rng__"
 #: How each DataPipe type of torch and torchdata that keeps state in a generator frame is made
 #: resumable (``adapted`` in :mod:`torchdata_snapshot.core.catalogue`), and the types that hold
 #: no state at a yield point (``stateless`` there).
-RESUMABLE_ADAPTERS = {**ADAPTERS, **READER_ADAPTERS}
+RESUMABLE_ADAPTERS: Dict[type, Adapter] = {**ADAPTERS, **READER_ADAPTERS}
 RESUMABLE_STATELESS = types_where(stateless=True)
 
 
@@ -133,19 +134,20 @@ class GraphState:
             if type(dp) in RESUMABLE_STATELESS or self._functions(dp) is not None or _has_methods(dp):
                 continue
             adapter = RESUMABLE_ADAPTERS.get(type(dp))
-            if adapter is None or adapter(dp) is None:
+            if adapter is None or not adapter.adapts(dp):
                 return describe_datapipe(dp)
         return None
 
     def make_resumable(self, datapipe: DataPipe) -> DataPipe:
-        """Rewrite a resumable graph (see :meth:`unresumable`): replace torchdata's DataPipes by
-        their equivalents. ``ShardingFilter`` stays: ``DataLoader2`` finds it by its exact type."""
+        """Rewrite a resumable graph (see :meth:`unresumable`): each DataPipe whose state lives in
+        its generator becomes resumable (an instance of its resumable subclass, in place, or
+        wrapped). ``ShardingFilter`` stays: ``DataLoader2`` finds it by its exact type."""
         graph = traverse_dps(datapipe)
         for _, dp in graph_datapipes(datapipe):
             adapter = RESUMABLE_ADAPTERS.get(type(dp))
-            if adapter is not None and not _has_methods(dp):
-                replacement = adapter(dp)
-                if replacement is not None:
+            if adapter is not None and not _has_methods(dp) and adapter.adapts(dp):
+                replacement = adapter.adapt(dp)
+                if replacement is not dp:
                     graph = replace_dp(graph, dp, replacement)
         resumable = next(iter(graph.values()))[0]
         for _, dp in graph_datapipes(resumable):

@@ -1,9 +1,10 @@
 """Resumable readers: the DataPipes that open, decompress, unpack and parse files.
 
 In a worker whose graph resumes from captured states (see :mod:`torchdata_snapshot.graph_state.graph_state`)
-these replace torchdata's reader DataPipes, as :mod:`torchdata_snapshot.graph_state.equivalents` replaces
-the others. They run torchdata's own code, one element at a time (:class:`_PerElement`), so they
-yield exactly what the originals yield:
+torch's and torchdata's reader DataPipes become resumable, as the others do
+(:mod:`torchdata_snapshot.graph_state.equivalents`). The openers and readers are wrapped: the
+wrapper runs their own code, one element at a time (:class:`_PerElement`), so they yield
+exactly what the originals yield:
 
 * the DataPipes that make a stream of each element (``FileOpener``, ``FSSpecFileOpener``,
   ``decompress``, ``load_from_xz``, ``load_from_bz2``) hold nothing at a yield point; they give
@@ -14,8 +15,8 @@ yield exactly what the originals yield:
   element they are reading and how many items they took from it: a restore opens the element's
   streams again and skips those items, reading at most one element's prefix again (never
   running what comes after the reader on it); the members of an archive get origins too;
-* ``webdataset``, ``lines_to_paragraphs``, ``enumerate`` and ``add_index`` keep what they
-  accumulated or counted.
+* ``webdataset``, ``lines_to_paragraphs``, ``enumerate`` and ``add_index`` become their
+  subclasses here in place, which keep what they accumulated or counted in attributes.
 
 A restore refuses a file that changed since the state was taken
 (:class:`~torchdata_snapshot.ChangedFileError`). A user's DataPipe that keeps a stream across
@@ -60,7 +61,7 @@ from torchdata_snapshot.graph_state.file_origins import (
     rebuild,
     with_origin,
 )
-from torchdata_snapshot.graph_state.resumable import Expander, Resumable
+from torchdata_snapshot.graph_state.resumable import Adapter, Expander, Resumable
 
 __all__ = [
     "READER_ADAPTERS",
@@ -249,17 +250,14 @@ def _attach_member(tar: bool) -> Callable[[_PerElement], Attach]:
 # --- what accumulates or counts ---------------------------------------------------------------------
 
 
-class ResumableWebDataset(Resumable):
+class ResumableWebDataset(WebDataset, Resumable):
     """``webdataset``: groups consecutive ``(path, data)`` with the same key into a sample. At a
     yield point it holds the next sample begun with the element that ended the last one."""
 
     STATE = {"sample": dict, "key": str}
     TRANSIENT = ("_sample",)
     _sample: Dict[str, Any] = {}
-
-    def __init__(self, original: Any) -> None:
-        self.source_datapipe = original.source_datapipe
-        self._key = ""
+    _key = ""
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         state = self._take_pending()
@@ -292,87 +290,106 @@ class ResumableWebDataset(Resumable):
         return {"sample": describe(self._sample), "key": self._key}
 
 
-class ResumableParagraphAggregator(Resumable):
-    """``lines_to_paragraphs``: its state is the lines of the paragraph in progress and its file."""
+class ResumableParagraphAggregator(ParagraphAggregator, Resumable):
+    """``lines_to_paragraphs``: its lines in progress are in its ``buffer`` already; its state is
+    them and their file."""
 
     STATE = {"lines": list, "filename": (str, type(None))}
-
-    def __init__(self, original: Any) -> None:
-        self.source_datapipe = original.source_datapipe
-        self.joiner = original.joiner
-        self._lines: List[str] = []
-        self._filename: Optional[str] = None
+    _filename: Optional[str] = None
 
     def __iter__(self) -> Iterator[Any]:
         state = self._take_pending()
-        self._lines, self._filename = (list(state["lines"]), state["filename"]) if state else ([], None)
+        self.buffer, self._filename = (list(state["lines"]), state["filename"]) if state else ([], None)
         for filename, line in self.source_datapipe:
             if self._filename is None:
                 self._filename = filename
             if line and self._filename == filename:
-                self._lines.append(line)
+                self.buffer.append(line)
                 continue
-            done, previous = self._lines, self._filename
-            self._lines, self._filename = ([line] if line else []), filename
+            done, previous = self.buffer, self._filename
+            self.buffer, self._filename = ([line] if line else []), filename
             if done:
                 yield previous, self.joiner(done)
-        done, self._lines = self._lines, []
+        done, self.buffer = self.buffer, []
         if done:
             yield self._filename, self.joiner(done)
 
     def held_items(self) -> int:
         """Items of its source it holds at a yield point: the line that began the next paragraph."""
-        return len(self._lines)
+        return len(self.buffer)
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"lines": list(self._lines), "filename": self._filename}
+        return {"lines": list(self.buffer), "filename": self._filename}
 
 
-class ResumableEnumerator(Resumable):
-    """``enumerate`` (``add_index``: ``index_name`` set): its state is the next index."""
+class ResumableEnumerator(Enumerator, Resumable):
+    """``enumerate``: its state is the next index."""
 
     STATE = {"next": int}
-
-    def __init__(self, source_datapipe: IterDataPipe, start: int, index_name: Optional[str] = None) -> None:
-        self.source_datapipe = source_datapipe
-        self.start = start
-        self.index_name = index_name
-        self._next = start
+    _next: Optional[int] = None  # (before its first iteration: its starting index)
 
     def __iter__(self) -> Iterator[Any]:
         state = self._take_pending()
-        self._next = state["next"] if state else self.start
+        self._next = state["next"] if state else self.starting_index
         for element in self.source_datapipe:
-            index, self._next = self._next, self._next + 1
-            if self.index_name is None:
-                yield index, element
-            elif isinstance(element, dict):
-                element[self.index_name] = index
-                yield element
-            else:
+            index = self._next
+            self._next = index + 1
+            yield index, element
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"next": self.starting_index if self._next is None else self._next}
+
+
+class ResumableIndexAdder(IndexAdder, Resumable):
+    """``add_index``: its state is the next index."""
+
+    STATE = {"next": int}
+    _next = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._take_pending()
+        self._next = state["next"] if state else 0
+        for element in self.source_datapipe:
+            if not isinstance(element, dict):
                 raise NotImplementedError("We only support adding index to row or batch in dict type")
+            element[self.index_name], self._next = self._next, self._next + 1
+            yield element
 
     def state_dict(self) -> Dict[str, Any]:
         return {"next": self._next}
 
-    def __len__(self) -> int:
-        return len(self.source_datapipe)
+
+class _Wrapping:
+    """The adapter of a DataPipe that a new one wraps, running the DataPipe's own code on each
+    element (a stream maker, a reader)."""
+
+    def __init__(self, wrap: Callable[[IterDataPipe], IterDataPipe]) -> None:
+        self.wrap = wrap
+
+    def adapts(self, dp: IterDataPipe) -> bool:
+        return True
+
+    def adapt(self, dp: IterDataPipe) -> IterDataPipe:
+        return self.wrap(dp)
 
 
-READER_ADAPTERS: Dict[type, Callable[[Any], Optional[IterDataPipe]]] = {
-    FileOpenerIterDataPipe: lambda dp: StreamMaker(dp, _attach_file),
-    FSSpecFileOpener: lambda dp: StreamMaker(dp, _attach_fsspec_file),
-    Decompressor: lambda dp: StreamMaker(dp, _attach_decompressed(None)),
-    XzFileLoader: lambda dp: StreamMaker(dp, _attach_decompressed("lzma")),
-    Bz2FileLoader: lambda dp: StreamMaker(dp, _attach_decompressed("bz2")),
-    LineReader: ResumableReader,
-    CSVParser: ResumableReader,
-    CSVDictParser: ResumableReader,
-    StreamReaderIterDataPipe: ResumableReader,
-    TarArchiveLoader: lambda dp: ResumableReader(dp, _attach_member(tar=True)),
-    ZipArchiveLoader: lambda dp: ResumableReader(dp, _attach_member(tar=False)),
+_READER = _Wrapping(ResumableReader)
+
+#: DataPipe type -> its adapter (see :class:`~torchdata_snapshot.graph_state.resumable.Adapter`).
+READER_ADAPTERS: Dict[type, Adapter] = {
+    FileOpenerIterDataPipe: _Wrapping(lambda dp: StreamMaker(dp, _attach_file)),
+    FSSpecFileOpener: _Wrapping(lambda dp: StreamMaker(dp, _attach_fsspec_file)),
+    Decompressor: _Wrapping(lambda dp: StreamMaker(dp, _attach_decompressed(None))),
+    XzFileLoader: _Wrapping(lambda dp: StreamMaker(dp, _attach_decompressed("lzma"))),
+    Bz2FileLoader: _Wrapping(lambda dp: StreamMaker(dp, _attach_decompressed("bz2"))),
+    LineReader: _READER,
+    CSVParser: _READER,
+    CSVDictParser: _READER,
+    StreamReaderIterDataPipe: _READER,
+    TarArchiveLoader: _Wrapping(lambda dp: ResumableReader(dp, _attach_member(tar=True))),
+    ZipArchiveLoader: _Wrapping(lambda dp: ResumableReader(dp, _attach_member(tar=False))),
     WebDataset: ResumableWebDataset,
     ParagraphAggregator: ResumableParagraphAggregator,
-    Enumerator: lambda dp: ResumableEnumerator(dp.source_datapipe, dp.starting_index),
-    IndexAdder: lambda dp: ResumableEnumerator(dp.source_datapipe, 0, dp.index_name),
+    Enumerator: ResumableEnumerator,
+    IndexAdder: ResumableIndexAdder,
 }

@@ -1,17 +1,18 @@
-"""``Resumable``: the base of the DataPipes that stateful restore adds to a worker's graph.
+"""``Resumable``: what stateful restore adds to a DataPipe class whose state lives in its generator.
 
-Such a DataPipe keeps in attributes what a torchdata DataPipe keeps in its generator's frame:
+A subclass of such a class keeps in attributes what the class keeps in its generator's frame:
 ``state_dict()`` describes it at a yield point, and a state given to ``load_state_dict()`` is
-checked at once (field by field, :func:`expect_state`) and used by the next iteration only.
+checked at once (field by field, :func:`expect_state`) and used by the next iteration only. A
+DataPipe of the class becomes one of the subclass in place (:meth:`Resumable.adapt`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Protocol, Tuple
 
 from torch.utils.data import IterDataPipe
 
-__all__ = ["Expander", "Resumable", "expect_state"]
+__all__ = ["Adapter", "Expander", "Resumable", "expect_state"]
 
 
 def expect_state(state: Any, owner: str, **fields: Any) -> Dict[str, Any]:
@@ -27,16 +28,44 @@ def expect_state(state: Any, owner: str, **fields: Any) -> Dict[str, Any]:
     return state
 
 
+class Adapter(Protocol):
+    """How a DataPipe of a given class resumes: a :class:`Resumable` subclass of that class (the
+    DataPipe becomes one in place), or a DataPipe wrapping it."""
+
+    def adapts(self, dp: IterDataPipe) -> bool:
+        """Whether ``dp`` can resume (an ``IterableWrapper`` over a generator cannot)."""
+
+    def adapt(self, dp: IterDataPipe) -> IterDataPipe:
+        """``dp``, resumable (itself, or the DataPipe that takes its place in the graph)."""
+
+
 class Resumable(IterDataPipe):
-    """Base of the resumable equivalents: ``state_dict()`` describes the DataPipe at a yield
+    """Base of the resumable DataPipes: ``state_dict()`` describes the DataPipe at a yield
     point; a state given to ``load_state_dict()`` is checked against ``STATE`` (field -> type)
-    and used by the next iteration, once."""
+    and used by the next iteration, once.
+
+    Mixed into a subclass of a DataPipe class (that class first, so that its own ``__getstate__``
+    and methods stand), it is what the subclass adds: the DataPipe's configuration stays the
+    original's, so the subclass initializes nothing (class attributes give its state's defaults).
+    """
 
     STATE: Dict[str, Any] = {}
     #: Attributes that hold the iteration in progress (open streams among them): not pickled
     #: when the graph is (DataLoader2 and the graph's traversal pickle it); class defaults stand in.
     TRANSIENT: Tuple[str, ...] = ()
     _pending: Optional[Dict[str, Any]] = None
+
+    @classmethod
+    def adapts(cls, dp: IterDataPipe) -> bool:
+        """Whether ``dp`` (of the class this one extends) can resume as one of these."""
+        return True
+
+    @classmethod
+    def adapt(cls, dp: IterDataPipe) -> IterDataPipe:
+        """``dp`` made one of these in place: its configuration and identity stay, its class
+        becomes this subclass of its own."""
+        dp.__class__ = cls
+        return dp
 
     def __getstate__(self) -> Dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items() if k not in self.TRANSIENT}
