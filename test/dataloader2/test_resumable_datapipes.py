@@ -15,11 +15,12 @@ import torch
 from suite_case import SuiteTestCase
 from torch.testing._internal.common_utils import instantiate_parametrized_tests, parametrize
 from torch.utils.data import IterDataPipe
-from torch.utils.data.datapipes.iter.filelister import FileListerIterDataPipe
 from torchdata.datapipes.iter import FileLister, IterableWrapper
 
 from torchdata_snapshot._errors import ChangedFileError
 from torchdata_snapshot.graph_state.equivalents import ADAPTERS, ResumableIterableWrapper, ResumableShuffler
+from torchdata_snapshot.graph_state.graph_state import resumable as resumable_datapipe
+from torchdata_snapshot.graph_state.resumable import Resumable
 
 Build = Callable[[Callable[[Sequence[Any]], IterDataPipe], Path], IterDataPipe]
 
@@ -56,11 +57,7 @@ def _chain(build: Build, tmp: Path, resumable: bool) -> List[IterDataPipe]:
         return leaf
 
     top = build(source, tmp)
-    if resumable:
-        adapted = ADAPTERS[type(top)].adapt(top)
-        assert adapted is not None
-        top = adapted
-    return [*leaves, top]
+    return [*leaves, resumable_datapipe(top) if resumable else top]
 
 
 def _length(dp: IterDataPipe) -> Any:
@@ -81,7 +78,9 @@ class TestResumableDatapipes(SuiteTestCase):
         return self.tmp_path
 
     def test_every_adapted_type_is_exercised(self) -> None:
-        assert set(BUILDS) | {"IterableWrapperIterDataPipe"} == {t.__name__ for t in ADAPTERS}
+        assert {t.__name__ for t in ADAPTERS} <= set(BUILDS) | {"IterableWrapperIterDataPipe"}
+        for name, build in BUILDS.items():
+            assert isinstance(resumable_datapipe(build(IterableWrapper, self.tmp)), Resumable), name
 
     @parametrize("name", sorted(BUILDS))
     def test_the_equivalent_yields_what_the_original_yields(self, name: str) -> None:
@@ -144,11 +143,11 @@ class TestResumableDatapipes(SuiteTestCase):
             root.mkdir()
             for name in ("a.txt", "b.txt", "c.txt"):
                 (root / name).write_text(name)
-        lister = ADAPTERS[FileListerIterDataPipe].adapt(FileLister(str(old), abspath=abspath))
+        lister = resumable_datapipe(FileLister(str(old), abspath=abspath))
         it = iter(lister)
         next(it), next(it)
         state = {**lister.state_dict(), "root": str(new)}  # type: ignore[attr-defined]
-        again = ADAPTERS[FileListerIterDataPipe].adapt(FileLister(str(new), abspath=abspath))
+        again = resumable_datapipe(FileLister(str(new), abspath=abspath))
         again.load_state_dict(state)  # type: ignore[attr-defined]
         assert os.path.basename(next(iter(again))) == "c.txt"  # (then its source's roots, afresh)
         os.rename(new / "b.txt", new / "b2.txt")
@@ -159,17 +158,17 @@ class TestResumableDatapipes(SuiteTestCase):
     def test_a_datapipe_becomes_resumable_in_place_keeping_its_own_class_and_configuration(
         self, name: str
     ) -> None:
-        """The resumable class extends the original: it initializes nothing and the DataPipe keeps
-        its identity, its configuration and its own methods (``len()``, ``set_seed``), and it
-        pickles and unpickles as its original does."""
+        """The resumable class is the original or extends it: it initializes nothing and the
+        DataPipe keeps its identity, its configuration and its own methods (``len()``,
+        ``set_seed``), and it pickles and unpickles as its original does."""
         top = BUILDS[name](IterableWrapper, self.tmp)
         original, configuration, length = type(top), dict(vars(top)), _length(top)
-        resumable = ADAPTERS[original]
-        assert issubclass(resumable, original) and "__init__" not in vars(resumable)
-        assert resumable.adapt(top) is top and type(top) is resumable
+        assert resumable_datapipe(top) is top
+        kind = type(top)
+        assert issubclass(kind, original) and (kind is original or "__init__" not in vars(kind))
         assert {k: v for k, v in vars(top).items() if k in configuration} == configuration
         again = pickle.loads(pickle.dumps(top))
-        assert type(again) is resumable and list(again) == list(top)
+        assert type(again) is kind and list(again) == list(top)
         assert _length(top) == length
 
     def test_a_shuffler_only_resets_otherwise(self) -> None:

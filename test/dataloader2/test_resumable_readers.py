@@ -29,7 +29,9 @@ from torchdata_snapshot.graph_state.file_origins import (
     pack_opened,
     rebuild,
 )
+from torchdata_snapshot.graph_state.graph_state import resumable
 from torchdata_snapshot.graph_state.readers import READER_ADAPTERS, ResumableReader, StreamMaker
+from torchdata_snapshot.graph_state.resumable import Resumable
 
 
 def adapted(dp: Any) -> Any:
@@ -169,16 +171,15 @@ class TestResumableReaders(SuiteTestCase):
         }[name]
         everything, dp = list(build()), build()
         kind, configuration = type(dp), dict(vars(dp))
-        resumable = READER_ADAPTERS[kind]
-        assert resumable.adapt(dp) is dp and isinstance(dp, kind) and "__init__" not in vars(type(dp))
+        assert resumable(dp) is dp and isinstance(dp, kind) and isinstance(dp, Resumable)
+        assert type(dp) is kind or "__init__" not in vars(type(dp))
         assert {k: v for k, v in vars(dp).items() if k in configuration} == configuration
         source = dp.source_datapipe
         for k in range(len(everything) + 1):
             it = iter(dp)
             head = [next(it) for _ in range(k)]
             state, taken = dp.state_dict(), samples_yielded(source)
-            again = build()
-            resumable.adapt(again)
+            again = resumable(build())
             again.source_datapipe = IterableWrapper(list(source)[taken:])
             again.load_state_dict(state)
             assert head + list(again) == everything, f"restored after {k}"

@@ -10,9 +10,10 @@ catalogue), what the rest of the package relies on:
   last when it yields; ``None``: none of these.
 - ``stateless``: it holds no state at a yield point, so that stateful restore keeps it as it is
   (:mod:`torchdata_snapshot.graph_state.graph_state`).
-- ``adapted``: stateful restore makes it resumable, in place or wrapped (the adapter tables of
-  :mod:`torchdata_snapshot.graph_state.equivalents` and :mod:`~torchdata_snapshot.graph_state.readers`
-  name how; a test checks that those tables and this catalogue agree).
+- ``adapted``: its state lives in a generator frame, and stateful restore makes it resumable, in
+  place or wrapped (the adapter tables of :mod:`torchdata_snapshot.graph_state.equivalents` and
+  :mod:`~torchdata_snapshot.graph_state.readers` name how, for a class that does not keep its
+  state itself; a test checks that those tables and this catalogue agree).
 - ``main_tail``: in the main process, after the workers, it hands on exactly one item per item it
   takes, in order, so that the user's position maps onto the workers' streams
   (:mod:`torchdata_snapshot.core.main.positions`).

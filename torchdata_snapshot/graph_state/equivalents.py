@@ -38,7 +38,7 @@ from torchdata.datapipes.iter import Header as HeaderIterDataPipe
 from torchdata_snapshot._compat.datapipes import samples_yielded
 from torchdata_snapshot._errors import ChangedFileError
 from torchdata_snapshot.checkpoint.rng_states import pack_python_state, unpack_python_state
-from torchdata_snapshot.graph_state.resumable import Expander, Resumable
+from torchdata_snapshot.graph_state.resumable import Expanding, Resumable
 
 __all__ = [
     "ADAPTERS",
@@ -122,43 +122,7 @@ class ResumableShuffler(ShufflerIterDataPipe, Resumable):
         }
 
 
-class _Expanding(Expander):
-    """A one-to-many DataPipe: each source element expands into items; its state is what is left
-    of the current element's expansion (which therefore is materialized when it starts) and how
-    many of its items were taken."""
-
-    STATE = {"items": list, "took": int}
-
-    datapipe: IterDataPipe
-    _items: Deque[Any] = deque()
-    _took = 0
-
-    def _expand(self, element: Any) -> Iterable[Any]:
-        raise NotImplementedError
-
-    def _expanded(self) -> Iterator[Any]:
-        state = self._take_pending()
-        self._items, self._took = (deque(state["items"]), state["took"]) if state else (deque(), 0)
-        while self._items:
-            self._took += 1
-            yield self._items.popleft()
-        for element in self.datapipe:
-            skip = self.skip_items()
-            self._items, self._took = deque(self._expand(element)), 0
-            while self._items:
-                item = self._items.popleft()
-                self._took += 1
-                if self._took > skip:
-                    yield item
-
-    def element_items(self) -> int:
-        return self._took
-
-    def state_dict(self) -> Dict[str, Any]:
-        return {"items": list(self._items), "took": self._took}
-
-
-class ResumableUnBatcher(UnBatcherIterDataPipe, _Expanding):
+class ResumableUnBatcher(UnBatcherIterDataPipe, Expanding):
     """``UnBatcher``, through its own expansion of an element."""
 
     def _expand(self, element: Any) -> Iterable[Any]:
@@ -168,7 +132,7 @@ class ResumableUnBatcher(UnBatcherIterDataPipe, _Expanding):
         yield from self._expanded()
 
 
-class ResumableFlatMapper(FlatMapperIterDataPipe, _Expanding):
+class ResumableFlatMapper(FlatMapperIterDataPipe, Expanding):
     """``FlatMapper``, through its own ``_apply_fn`` (``input_col`` handling included)."""
 
     def _expand(self, element: Any) -> Iterable[Any]:
@@ -198,10 +162,6 @@ class ResumableHeader(HeaderIterDataPipe, Resumable):
         return {"taken": self._taken}
 
 
-def _nothing_loaded() -> None:
-    """``ResumableCycler.on_new_pass`` outside a :class:`GraphState`: no state was loaded."""
-
-
 class ResumableCycler(CyclerIterDataPipe, Resumable):
     """``Cycler``: its state is the cycle in progress (the source holds its own position).
 
@@ -214,14 +174,14 @@ class ResumableCycler(CyclerIterDataPipe, Resumable):
     _cycle = 0
     # A function, neither a DataPipe nor a collection: graph traversal (which pickles
     # DataPipes) does not take the DataPipes it refers to for sources.
-    on_new_pass: Callable[[], None] = staticmethod(_nothing_loaded)
+    on_new_pass: Optional[Callable[[], None]] = None
 
     def __iter__(self) -> Iterator[Any]:
         state = self._take_pending()
         self._cycle = state["cycle"] if state else 0
         first_pass = True
         while self.count is None or self._cycle < self.count:
-            if not first_pass:
+            if not first_pass and self.on_new_pass is not None:
                 self.on_new_pass()
             first_pass = False
             yield from self.source_datapipe

@@ -49,10 +49,11 @@ started by ``spawn`` or ``forkserver`` does not run the code that registered the
 from __future__ import annotations
 
 import pickle
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, cast
 
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 from torchdata.dataloader2.graph import DataPipe, replace_dp, traverse_dps
+from torchdata.datapipes.iter import Cycler as CyclerIterDataPipe
 
 from torchdata_snapshot._compat.datapipes import iterator_id
 from torchdata_snapshot._errors import StateCaptureError, StateRestoreError
@@ -64,7 +65,7 @@ from torchdata_snapshot.checkpoint.rng_states import (
 )
 from torchdata_snapshot.core.catalogue import types_where
 from torchdata_snapshot.core.graph import datapipe_state_dicts, describe_datapipe, graph_datapipes
-from torchdata_snapshot.graph_state.equivalents import ADAPTERS, ResumableCycler
+from torchdata_snapshot.graph_state.equivalents import ADAPTERS
 from torchdata_snapshot.graph_state.readers import READER_ADAPTERS
 from torchdata_snapshot.graph_state.resumable import Adapter, Resumable
 from torchdata_snapshot.graph_state.sharding_shift import ShardingShifts
@@ -74,6 +75,7 @@ __all__ = [
     "RESUMABLE_ADAPTERS",
     "RESUMABLE_STATELESS",
     "GraphState",
+    "resumable",
     "rewrite_graph_state",
     "unpack_graph_state",
 ]
@@ -85,6 +87,13 @@ _RNG_KEY = "__global_rng__"
 #: no state at a yield point (``stateless`` there).
 RESUMABLE_ADAPTERS: Dict[type, Adapter] = {**ADAPTERS, **READER_ADAPTERS}
 RESUMABLE_STATELESS = types_where(stateless=True)
+
+
+def resumable(dp: DataPipe) -> DataPipe:
+    """``dp`` as a graph that resumes from captured states runs it: made resumable by its adapter
+    (in place, or wrapped), else itself (a class that keeps its own state, or a stateless one)."""
+    adapter = RESUMABLE_ADAPTERS.get(type(dp))
+    return adapter.adapt(dp) if adapter is not None and adapter.adapts(dp) else dp
 
 
 def _has_methods(dp: DataPipe) -> bool:
@@ -149,13 +158,13 @@ class GraphState:
                 replacement = adapter.adapt(dp)
                 if replacement is not dp:
                     graph = replace_dp(graph, dp, replacement)
-        resumable = next(iter(graph.values()))[0]
-        for _, dp in graph_datapipes(resumable):
-            if isinstance(dp, ResumableCycler):
-                dp.on_new_pass = self._forgetting_source_of(dp)
-        return resumable
+        made = next(iter(graph.values()))[0]
+        for _, dp in graph_datapipes(made):
+            if isinstance(dp, CyclerIterDataPipe) and isinstance(dp, Resumable):
+                cast(Any, dp).on_new_pass = self._forgetting_source_of(dp)  # (its resumable class's)
+        return made
 
-    def _forgetting_source_of(self, cycler: ResumableCycler) -> Callable[[], None]:
+    def _forgetting_source_of(self, cycler: CyclerIterDataPipe) -> Callable[[], None]:
         """What ``cycler`` does before each pass after the first: forget the states of its
         source's subgraph (looked up at the first such pass)."""
         subgraph: List[DataPipe] = []

@@ -8,11 +8,12 @@ DataPipe of the class becomes one of the subclass in place (:meth:`Resumable.ada
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Protocol, Tuple
+from collections import deque
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, Optional, Protocol, Tuple
 
 from torch.utils.data import IterDataPipe
 
-__all__ = ["Adapter", "Expander", "Resumable", "expect_state"]
+__all__ = ["Adapter", "Expander", "Expanding", "Resumable", "expect_state"]
 
 
 def expect_state(state: Any, owner: str, **fields: Any) -> Dict[str, Any]:
@@ -113,3 +114,40 @@ class Expander(Resumable):
     def skip_per_element(self, skip_items: Optional[Callable[[], int]]) -> None:
         """Skip ``skip_items()`` items of each element from now on (``None``: none)."""
         self.skip_items = skip_items or _no_skip
+
+
+class Expanding(Expander):
+    """A one-to-many DataPipe: each source element expands into items; its state is what is left
+    of the current element's expansion (which therefore is materialized when it starts) and how
+    many of its items were taken. The class it extends gives ``_expand`` and an ``__iter__`` that
+    yields from :meth:`_expanded`."""
+
+    STATE = {"items": list, "took": int}
+
+    datapipe: IterDataPipe
+    _items: Deque[Any] = deque()
+    _took = 0
+
+    def _expand(self, element: Any) -> Iterable[Any]:
+        raise NotImplementedError
+
+    def _expanded(self) -> Iterator[Any]:
+        state = self._take_pending()
+        self._items, self._took = (deque(state["items"]), state["took"]) if state else (deque(), 0)
+        while self._items:
+            self._took += 1
+            yield self._items.popleft()
+        for element in self.datapipe:
+            skip = self.skip_items()
+            self._items, self._took = deque(self._expand(element)), 0
+            while self._items:
+                item = self._items.popleft()
+                self._took += 1
+                if self._took > skip:
+                    yield item
+
+    def element_items(self) -> int:
+        return self._took
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"items": list(self._items), "took": self._took}
