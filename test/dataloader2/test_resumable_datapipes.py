@@ -19,8 +19,7 @@ from torchdata.datapipes.iter import FileLister, IterableWrapper
 
 from torchdata_snapshot._errors import ChangedFileError
 from torchdata_snapshot.graph_state.equivalents import ADAPTERS, ResumableIterableWrapper, ResumableShuffler
-from torchdata_snapshot.graph_state.graph_state import resumable as resumable_datapipe
-from torchdata_snapshot.graph_state.resumable import Resumable
+from torchdata_snapshot.graph_state.resumable import Resumable, as_resumable
 
 Build = Callable[[Callable[[Sequence[Any]], IterDataPipe], Path], IterDataPipe]
 
@@ -57,7 +56,7 @@ def _chain(build: Build, tmp: Path, resumable: bool) -> List[IterDataPipe]:
         return leaf
 
     top = build(source, tmp)
-    return [*leaves, resumable_datapipe(top) if resumable else top]
+    return [*leaves, as_resumable(top, ADAPTERS) if resumable else top]
 
 
 def _length(dp: IterDataPipe) -> Any:
@@ -80,7 +79,7 @@ class TestResumableDatapipes(SuiteTestCase):
     def test_every_adapted_type_is_exercised(self) -> None:
         assert {t.__name__ for t in ADAPTERS} <= set(BUILDS) | {"IterableWrapperIterDataPipe"}
         for name, build in BUILDS.items():
-            assert isinstance(resumable_datapipe(build(IterableWrapper, self.tmp)), Resumable), name
+            assert isinstance(as_resumable(build(IterableWrapper, self.tmp), ADAPTERS), Resumable), name
 
     @parametrize("name", sorted(BUILDS))
     def test_the_equivalent_yields_what_the_original_yields(self, name: str) -> None:
@@ -143,11 +142,11 @@ class TestResumableDatapipes(SuiteTestCase):
             root.mkdir()
             for name in ("a.txt", "b.txt", "c.txt"):
                 (root / name).write_text(name)
-        lister = resumable_datapipe(FileLister(str(old), abspath=abspath))
+        lister = as_resumable(FileLister(str(old), abspath=abspath), ADAPTERS)
         it = iter(lister)
         next(it), next(it)
         state = {**lister.state_dict(), "root": str(new)}  # type: ignore[attr-defined]
-        again = resumable_datapipe(FileLister(str(new), abspath=abspath))
+        again = as_resumable(FileLister(str(new), abspath=abspath), ADAPTERS)
         again.load_state_dict(state)  # type: ignore[attr-defined]
         assert os.path.basename(next(iter(again))) == "c.txt"  # (then its source's roots, afresh)
         os.rename(new / "b.txt", new / "b2.txt")
@@ -163,7 +162,7 @@ class TestResumableDatapipes(SuiteTestCase):
         ``set_seed``), and it pickles and unpickles as its original does."""
         top = BUILDS[name](IterableWrapper, self.tmp)
         original, configuration, length = type(top), dict(vars(top)), _length(top)
-        assert resumable_datapipe(top) is top
+        assert as_resumable(top, ADAPTERS) is top
         kind = type(top)
         assert issubclass(kind, original) and (kind is original or "__init__" not in vars(kind))
         assert {k: v for k, v in vars(top).items() if k in configuration} == configuration

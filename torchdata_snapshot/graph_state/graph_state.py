@@ -65,6 +65,7 @@ from torchdata_snapshot.checkpoint.rng_states import (
 )
 from torchdata_snapshot.core.catalogue import types_where
 from torchdata_snapshot.core.graph import datapipe_state_dicts, describe_datapipe, graph_datapipes
+from torchdata_snapshot.graph_state.accumulators import ACCUMULATOR_ADAPTERS
 from torchdata_snapshot.graph_state.equivalents import ADAPTERS
 from torchdata_snapshot.graph_state.readers import READER_ADAPTERS
 from torchdata_snapshot.graph_state.resumable import Adapter, Resumable
@@ -75,7 +76,6 @@ __all__ = [
     "RESUMABLE_ADAPTERS",
     "RESUMABLE_STATELESS",
     "GraphState",
-    "resumable",
     "rewrite_graph_state",
     "unpack_graph_state",
 ]
@@ -85,15 +85,8 @@ _RNG_KEY = "__global_rng__"
 #: How each DataPipe type of torch and torchdata that keeps state in a generator frame is made
 #: resumable (``adapted`` in :mod:`torchdata_snapshot.core.catalogue`), and the types that hold
 #: no state at a yield point (``stateless`` there).
-RESUMABLE_ADAPTERS: Dict[type, Adapter] = {**ADAPTERS, **READER_ADAPTERS}
+RESUMABLE_ADAPTERS: Dict[type, Adapter] = {**ADAPTERS, **READER_ADAPTERS, **ACCUMULATOR_ADAPTERS}
 RESUMABLE_STATELESS = types_where(stateless=True)
-
-
-def resumable(dp: DataPipe) -> DataPipe:
-    """``dp`` as a graph that resumes from captured states runs it: made resumable by its adapter
-    (in place, or wrapped), else itself (a class that keeps its own state, or a stateless one)."""
-    adapter = RESUMABLE_ADAPTERS.get(type(dp))
-    return adapter.adapt(dp) if adapter is not None and adapter.adapts(dp) else dp
 
 
 def _has_methods(dp: DataPipe) -> bool:

@@ -9,11 +9,11 @@ DataPipe of the class becomes one of the subclass in place (:meth:`Resumable.ada
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Deque, Dict, Iterable, Iterator, Optional, Protocol, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, Mapping, Optional, Protocol, Tuple
 
 from torch.utils.data import IterDataPipe
 
-__all__ = ["Adapter", "Expander", "Expanding", "Resumable", "expect_state"]
+__all__ = ["Adapter", "Expander", "Expanding", "Resumable", "as_resumable", "expect_state"]
 
 
 def expect_state(state: Any, owner: str, **fields: Any) -> Dict[str, Any]:
@@ -38,6 +38,13 @@ class Adapter(Protocol):
 
     def adapt(self, dp: IterDataPipe) -> IterDataPipe:
         """``dp``, resumable (itself, or the DataPipe that takes its place in the graph)."""
+
+
+def as_resumable(dp: IterDataPipe, adapters: Mapping[type, Adapter]) -> IterDataPipe:
+    """``dp`` made resumable by its adapter in ``adapters`` (in place, or wrapped), else itself
+    (a class that keeps its own state, or one that holds none)."""
+    adapter = adapters.get(type(dp))
+    return adapter.adapt(dp) if adapter is not None and adapter.adapts(dp) else dp
 
 
 class Resumable(IterDataPipe):
