@@ -553,6 +553,39 @@ def test_the_exported_tree_resumes_mid_epoch(series: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+@series_test
+def test_torchdatas_own_datapipes_keep_their_state_in_their_classes(series: Path) -> None:
+    """At the stack's tip torchdata's Header, Cycler, FlatMapper, enumerate, add_index and
+    lines_to_paragraphs are resumable themselves (no subclass, no adapter), and resume a worker's
+    graph from its captured states; torch's classes keep the smallest subclasses."""
+    code = (
+        "import pickle\n"
+        "from torchdata.datapipes.iter import IterableWrapper, Header, Cycler, FlatMapper, Enumerator,"
+        " IndexAdder, ParagraphAggregator, Shuffler\n"
+        "from torchdata.datapipes.utils.resumable import Resumable\n"
+        "from torchdata.dataloader2.utils import graph_state, resumable_datapipes\n"
+        "own = [Header, Cycler, FlatMapper, Enumerator, IndexAdder, ParagraphAggregator]\n"
+        "for kind in own:\n"
+        "    assert issubclass(kind, Resumable) and kind.state_dict is not Resumable.state_dict, kind\n"
+        "    assert kind not in graph_state.RESUMABLE_ADAPTERS, kind\n"
+        "assert issubclass(resumable_datapipes.ADAPTERS[Shuffler], Shuffler)\n"
+        "assert not [n for n in dir(resumable_datapipes) if n in ('ResumableHeader', 'ResumableCycler')]\n"
+        "from torchdata.dataloader2.graph.datapipe_info import graph_datapipes\n"
+        "build = lambda: IterableWrapper(range(5)).cycle(2).header(7).enumerate()\n"
+        "state = graph_state.GraphState()\n"
+        "graph = state.make_resumable(build())\n"
+        "it = iter(graph)\n"
+        "head = [next(it) for _ in range(4)]\n"
+        "blob = state.capture(graph_datapipes(graph))\n"
+        "again = graph_state.GraphState()\n"
+        "fresh = again.make_resumable(build())\n"
+        "again.load(graph_datapipes(fresh), blob)\n"
+        "assert head + list(fresh) == list(build())\n"
+    )
+    done = run_in(series, code)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 #: What runs where: upstream's and the series' whole test/dataloader2 at the first commit, the
 #: RFC's tip (the first pull request) and the middle commit; at the tip, the reading service's
 #: own tests and upstream's semantics (the rest is this repository's suite, which CI ran just
@@ -967,3 +1000,117 @@ def test_a_fragment_whose_place_is_missing_is_refused() -> None:
         upstream = UPSTREAM_FILE.replace(f"def {missing.split('.')[-1]}(", "def renamed(")
         with pytest.raises(errors.UpstreamLayoutError, match=missing):
             splice.splice(upstream, FRAGMENT)
+
+
+UPSTREAM_DATAPIPE = '''from typing import Iterator, TypeVar
+
+from torchdata.datapipes.iter import IterDataPipe
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+class HeaderIterDataPipe(IterDataPipe[T_co]):
+    """Upstream's header."""
+
+    def __init__(self, source_datapipe, limit: int = 10) -> None:
+        self.source_datapipe = source_datapipe
+        self.limit = limit
+
+    def __iter__(self) -> Iterator[T_co]:
+        for i, value in enumerate(self.source_datapipe):
+            if i < self.limit:
+                yield value
+
+    def __len__(self) -> int:
+        return self.limit
+'''
+
+OUR_MODULE = '''"""Our resumable DataPipes."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator
+
+from torchdata.datapipes.iter import Header as HeaderIterDataPipe
+from torchdata.datapipes.iter import Shuffler
+
+from torchdata_snapshot.graph_state.resumable import Resumable
+
+__all__ = [
+    "ADAPTERS",
+    "ResumableHeader",
+    "ResumableShuffler",
+]
+
+
+class ResumableHeader(HeaderIterDataPipe, Resumable):
+    """Header: its state is how many items it took."""
+
+    STATE = {"taken": int}
+    _taken = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        for value in self.source_datapipe:
+            self._taken += 1
+            if self._taken <= self.limit:
+                yield value
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"taken": self._taken}
+
+
+class ResumableShuffler(Shuffler, Resumable):
+    """Shuffler."""
+
+
+ADAPTERS = {
+    HeaderIterDataPipe: ResumableHeader,
+    Shuffler: ResumableShuffler,
+}
+'''
+
+
+def test_a_subclass_of_torchdatas_class_joins_the_class_in_place() -> None:
+    """The subclass's members go into torchdata's class (a method it defines is replaced where
+    it stands, under upstream's signature), its other bases come first among the class's, and
+    the module loses the subclass, its table entry, its ``__all__`` line and the import only it used."""
+    in_place, splice = tool("in_place"), tool("splice")
+    spec = in_place.InPlace.parse(
+        "ResumableHeader", "torchdata/datapipes/iter/util/header.py:HeaderIterDataPipe"
+    )
+    fragment = in_place.fragment(OUR_MODULE, spec)
+    assert splice.target_of(fragment) == "torchdata/datapipes/iter/util/header.py"
+    text = splice.splice(UPSTREAM_DATAPIPE, fragment)
+    compile(text, "header.py", "exec")
+    lines = [line.rstrip() for line in text.splitlines()]
+    assert "class HeaderIterDataPipe(Resumable, IterDataPipe[T_co]):" in lines
+    assert "from torchdata_snapshot.graph_state.resumable import Resumable" in lines
+    assert "from typing import Any, Dict" in lines, "only the names upstream's file lacks"
+    assert lines.index('    STATE = {"taken": int}') == lines.index('    """Upstream\'s header."""') + 1
+    iterating = lines.index("    def __iter__(self) -> Iterator[T_co]:")
+    assert lines[iterating + 1 : iterating + 3] == [
+        "        for value in self.source_datapipe:",
+        "            self._taken += 1",
+    ]
+    assert lines.count("    def __iter__(self) -> Iterator[T_co]:") == 1 and "enumerate" not in text
+    assert (
+        iterating
+        < lines.index("    def __len__(self) -> int:")
+        < lines.index("    def state_dict(self) -> Dict[str, Any]:")
+    )
+    assert '"""Header: its state is how many items it took."""' not in text, (
+        "the class keeps its own docstring"
+    )
+
+    rest = in_place.without(OUR_MODULE, ["ResumableHeader"])
+    compile(rest, "resumable_datapipes.py", "exec")
+    assert "ResumableHeader" not in rest and "HeaderIterDataPipe" not in rest
+    assert "    Shuffler: ResumableShuffler,\n" in rest and '    "ResumableShuffler",\n' in rest
+
+
+def test_a_class_put_in_place_that_is_not_there_is_refused() -> None:
+    in_place, errors = tool("in_place"), tool("errors")
+    with pytest.raises(errors.ManifestError, match="no class ResumableCycler"):
+        in_place.fragment(OUR_MODULE, in_place.InPlace.parse("ResumableCycler", "x.py:CyclerIterDataPipe"))
+    with pytest.raises(errors.ManifestError, match="is not 'path/to/file.py:UpstreamClass'"):
+        in_place.InPlace.parse("ResumableHeader", "header.py")

@@ -39,11 +39,14 @@ _TEST_PART = re.compile(
 @dataclass(frozen=True)
 class Placement:
     """Where one module goes: ``path`` in torchdata's tree; ``merge`` into the upstream file there
-    (its names replacing upstream's of the same name)."""
+    (its names replacing upstream's of the same name); ``in_place``, its subclasses of torchdata's
+    classes whose members join those classes instead (class name -> ``path:UpstreamClass``,
+    see in_place.py)."""
 
     module: str
     path: str
     merge: bool = False
+    in_place: Tuple[Tuple[str, str], ...] = ()
 
     @property
     def dotted(self) -> str:
@@ -152,7 +155,10 @@ def load(path: Path = MANIFEST) -> Manifest:
     """Read ``series.toml``; :class:`ManifestError` names what is malformed."""
     try:
         data = tomllib.loads(path.read_text())
-        placements = {module: Placement(module, **fields) for module, fields in data["placement"].items()}
+        placements = {
+            module: Placement(module, **{**fields, "in_place": tuple(fields.get("in_place", {}).items())})
+            for module, fields in data["placement"].items()
+        }
         commits = tuple(
             Commit(
                 title=entry["title"],

@@ -21,6 +21,7 @@ from errors import (
     UnsupportedVersionError,
     UpstreamLayoutError,
 )
+from in_place import InPlace, fragment, in_place_specs, without
 from manifest import (
     FRAGMENTS_DIR,
     REPO_DIR,
@@ -186,10 +187,16 @@ class SeriesWriter:
         path.write_text(text)
         return relative
 
-    def module(self, module: str) -> str:
+    def module(self, module: str) -> List[str]:
+        """The module's file, and the upstream files its in-place classes join."""
         placement = self.manifest.placement(module)
         self.written.add(module)
-        ours = self.references(rewrite(module_path(module).read_text(), self.manifest))
+        source = module_path(module).read_text()
+        specs = in_place_specs(dict(placement.in_place))
+        spliced = [self._in_place(source, spec) for spec in specs]
+        if specs:
+            source = without(source, [spec.name for spec in specs])
+        ours = self.references(rewrite(source, self.manifest))
         target = self.checkout / placement.path
         if placement.merge:
             if not target.is_file():
@@ -199,7 +206,15 @@ class SeriesWriter:
             if target.exists():
                 raise UpstreamLayoutError(f"{placement.path} exists already in this checkout")
             text = LICENSE + ours
-        return self._write(placement.path, text)
+        return [self._write(placement.path, text), *spliced]
+
+    def _in_place(self, source: str, spec: InPlace) -> str:
+        """Subclass ``spec.name`` of ``source`` added to torchdata's class itself."""
+        target = self.checkout / spec.path
+        if not target.is_file():
+            raise UpstreamLayoutError(f"{spec.path} does not exist in this checkout")
+        ours = self.references(rewrite(fragment(source, spec), self.manifest))
+        return self._write(spec.path, splice(target.read_text(), ours))
 
     def fragment(self, name: str) -> str:
         """Our code of ``rfc/NAME`` at its named places of the upstream file it joins."""
@@ -435,7 +450,7 @@ def _commit_files(writer: SeriesWriter, commit: Commit) -> List[str]:
     writer.begin(commit)
     paths = [writer.delete(path) for path in commit.deletes]
     paths += [writer.edit(edit.path, edit.old, edit.new, edit.count) for edit in commit.edits]
-    paths += [writer.module(module) for module in commit.modules]
+    paths += [path for module in commit.modules for path in writer.module(module)]
     paths += [writer.fragment(name) for name in commit.fragments]
     if commit.exports:
         paths.append(writer.dataloader2_init())

@@ -1,9 +1,10 @@
 """Put a fragment of our code at named places of an upstream file, without carrying its lines.
 
-A fragment (``rfc/*.py``) is a Python module naming the file it joins (``TARGET``). Its classes
-that upstream's file defines too add their members to upstream's class (attributes first,
-methods last); its other definitions follow upstream's code under a comment that carries the
-fragment's docstring; its imports join upstream's where upstream's file lacks the names.
+A fragment (``rfc/*.py``, or one in_place.py makes) is a Python module naming the file it joins
+(``TARGET``). Its classes that upstream's file defines too add their members to upstream's class
+(attributes first, methods last; a method upstream's class defines is replaced where it stands)
+and their bases before upstream's; its other definitions follow upstream's code under a comment
+that carries the fragment's docstring; its imports join upstream's where upstream's file lacks the names.
 ``BRANCHES`` adds a branch to one of upstream's request loops, before its final ``else``, testing
 the request type as the loop's other branches do; ``AT_END`` adds a statement at the end of one
 of upstream's methods (before its ``return``). A place that is not where expected is refused.
@@ -21,6 +22,7 @@ from rewrite import _as_comment, _bound_names, _insert_imports, _is_docstring, _
 SETTINGS = ("TARGET", "BRANCHES", "AT_END")
 
 Insertion = Tuple[int, str]  # (0-based line before which the text goes, the text)
+Replacement = Tuple[int, int, str]  # (0-based first line, line after the last, the new text)
 
 
 def target_of(fragment: str) -> str:
@@ -123,6 +125,7 @@ def splice(upstream: str, fragment: str) -> str:
     settings = _settings(ours)
     upstream_classes = _classes(tree)
     insertions: List[Insertion] = []
+    replacements: List[Replacement] = []
     appended: List[str] = []
     for node in ours.body:
         if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_docstring(node):
@@ -130,15 +133,20 @@ def splice(upstream: str, fragment: str) -> str:
         if set(_bound_names(node)) & set(SETTINGS):
             continue
         if isinstance(node, ast.ClassDef) and node.name in upstream_classes:
-            insertions += _members(lines, our_lines, upstream_classes[node.name], node)
+            upstream_class = upstream_classes[node.name]
+            insertions += _members(lines, our_lines, upstream_class, node)
+            replacements += _replaced_methods(lines, our_lines, upstream_class, node)
+            if node.bases:
+                replacements.append(_with_bases(lines, upstream_class, node))
         else:
             appended.append(_text(our_lines, node).rstrip("\n"))
     for function, request, statement in settings.get("BRANCHES", ()):  # type: ignore[attr-defined]
         insertions.append(_branch(lines, tree, function, request, statement))
     for method, statement in settings.get("AT_END", ()):  # type: ignore[attr-defined]
         insertions.append(_at_end(lines, tree, method, statement))
-    for at, text in sorted(insertions, key=lambda item: item[0], reverse=True):
-        lines[at:at] = [text]
+    edits = replacements + [(at, at, text) for at, text in insertions]
+    for start, end, text in sorted(edits, key=lambda item: (item[0], item[1]), reverse=True):
+        lines[start:end] = [text]
     text = "".join(lines).rstrip("\n") + "\n"
     if appended:
         docstring = ast.get_docstring(ours, clean=True)
@@ -151,13 +159,51 @@ def splice(upstream: str, fragment: str) -> str:
     return _extend_all(text, [n for block in appended for n in _public_names(block)])
 
 
+def _method_names(cls: ast.ClassDef) -> Set[str]:
+    return {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def _replaced_methods(
+    lines: List[str], our_lines: List[str], upstream: ast.ClassDef, ours: ast.ClassDef
+) -> List[Replacement]:
+    """Our methods that upstream's class defines too, in place of upstream's: upstream's
+    signature (its annotations, in the terms of its file) and our body."""
+    theirs = {n.name: n for n in upstream.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    found: List[Replacement] = []
+    for node in ours.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in theirs:
+            their = theirs[node.name]
+            signature = "".join(lines[_start(their) : their.body[0].lineno - 1])
+            body = "".join(our_lines[node.body[0].lineno - 1 : node.end_lineno])
+            found.append((_start(their), their.end_lineno or their.lineno, signature + body))
+    return found
+
+
+def _with_bases(lines: List[str], upstream: ast.ClassDef, ours: ast.ClassDef) -> Replacement:
+    """Upstream's class line with our class's bases first (mixins, before upstream's bases)."""
+    at = upstream.lineno - 1
+    line = lines[at]
+    opening = line.find(f"class {upstream.name}(")
+    if opening < 0 or upstream.end_lineno == upstream.lineno:
+        raise UpstreamLayoutError(f"class {upstream.name} is not declared as `class {upstream.name}(...):`")
+    bases = ", ".join(ast.unparse(base) for base in ours.bases)
+    cut = opening + len(f"class {upstream.name}(")
+    return (at, at + 1, f"{line[:cut]}{bases}, {line[cut:]}")
+
+
 def _members(
     lines: List[str], our_lines: List[str], upstream: ast.ClassDef, ours: ast.ClassDef
 ) -> List[Insertion]:
-    """Our class's members into upstream's class: attributes after its docstring, methods last."""
+    """Our class's members into upstream's class: attributes after its docstring, methods last
+    (but those upstream's class defines, which replace upstream's where they stand)."""
     attributes = [n for n in ours.body if isinstance(n, (ast.Assign, ast.AnnAssign))]
+    replaced = _method_names(upstream)
     methods = [
-        n for n in ours.body if not isinstance(n, (ast.Assign, ast.AnnAssign)) and not _is_docstring(n)
+        n
+        for n in ours.body
+        if not isinstance(n, (ast.Assign, ast.AnnAssign))
+        and not _is_docstring(n)
+        and getattr(n, "name", None) not in replaced
     ]
     found: List[Insertion] = []
     if attributes:
