@@ -1072,7 +1072,7 @@ ADAPTERS = {
 
 def test_a_subclass_of_torchdatas_class_joins_the_class_in_place() -> None:
     """The subclass's members go into torchdata's class (a method it defines is replaced where
-    it stands, under upstream's signature), its other bases come first among the class's, and
+    it stands, under upstream's signature), its mixins come first among the class's bases, and
     the module loses the subclass, its table entry, its ``__all__`` line and the import only it used."""
     in_place, splice = tool("in_place"), tool("splice")
     spec = in_place.InPlace.parse(

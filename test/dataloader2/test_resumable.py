@@ -9,6 +9,7 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 from torch.testing._internal.common_utils import TestCase
+from torch.utils.data import IterDataPipe
 from torchdata.datapipes.iter import IterableWrapper
 from torchdata.datapipes.iter.util.header import HeaderIterDataPipe
 
@@ -20,6 +21,7 @@ class CountingHeader(HeaderIterDataPipe, Resumable):
 
     STATE = {"taken": int}
     TRANSIENT = ("_scratch",)
+    __getstate__ = Resumable.__getstate__
     _taken = 0
     _scratch: List[int] = []
 
@@ -37,7 +39,7 @@ class CountingHeader(HeaderIterDataPipe, Resumable):
         return {"taken": self._taken}
 
 
-class Doubling(Expanding):
+class Doubling(IterDataPipe, Expanding):
     """Each element of a list expands into itself twice."""
 
     def __init__(self, elements: List[int]) -> None:

@@ -3,6 +3,8 @@ enumerate, add_index): resumable in place, a copy restored after each item yield
 
 from __future__ import annotations
 
+import pickle
+
 from torch.testing._internal.common_utils import TestCase, instantiate_parametrized_tests, parametrize
 from torchdata.datapipes.iter import IterableWrapper
 
@@ -38,6 +40,8 @@ class TestResumableAccumulators(TestCase):
             it = iter(dp)
             head = [next(it) for _ in range(k)]
             state, taken = dp.state_dict(), samples_yielded(source)
+            unpickled = pickle.loads(pickle.dumps(dp))  # (what the iteration holds is not pickled)
+            assert type(unpickled) is type(dp) and not set(dp.TRANSIENT) & set(vars(unpickled))
             again = as_resumable(build(), ACCUMULATOR_ADAPTERS)
             again.source_datapipe = IterableWrapper(list(source)[taken:])
             again.load_state_dict(state)

@@ -4,7 +4,8 @@ In the package, a DataPipe class of torchdata whose state lives in its generator
 resumable subclass (``class ResumableHeader(HeaderIterDataPipe, Resumable)``) that the adapter
 tables name. In torchdata's tree the class itself keeps its state: the subclass's members join
 the class (a method of the same name, ``__iter__``, is replaced where it stands), the class
-takes the subclass's other bases (``class HeaderIterDataPipe(Resumable, IterDataPipe[T_co])``),
+takes the subclass's mixins, its bases after the first, before its own (``class
+HeaderIterDataPipe(Resumable, IterDataPipe[T_co])``),
 and the module that defined the subclass loses it, its adapter-table entries and its ``__all__``
 listing. Placements name these classes (``in_place`` in series.toml).
 """

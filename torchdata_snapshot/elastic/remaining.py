@@ -78,7 +78,7 @@ def skips_of_instance(levels: Sequence[Level], instances: int, instance: int) ->
     }
 
 
-class Remaining(Resumable):
+class Remaining(Resumable, IterDataPipe):
     """The elements of ``source`` that remain after ``levels``, in order (see the module
     docstring). Its state is how many elements of ``source`` it went through."""
 

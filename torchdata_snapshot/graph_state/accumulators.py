@@ -11,7 +11,7 @@ attributes; the elastic resume asks the first two how many items of their source
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, Optional, Type
+from typing import Any, Dict, Iterator, Optional, Tuple, Type
 
 from torchdata.datapipes.iter import Enumerator, IndexAdder, ParagraphAggregator, WebDataset
 from torchdata.datapipes.iter.util.webdataset import pathsplit as webdataset_pathsplit
@@ -34,6 +34,7 @@ class ResumableWebDataset(WebDataset, Resumable):
 
     STATE = {"sample": dict, "key": str}
     TRANSIENT = ("_sample",)
+    __getstate__ = Resumable.__getstate__  # (before IterDataPipe's: the iteration's own is not pickled)
     _sample: Dict[str, Any] = {}
     _key = ""
 
@@ -75,7 +76,7 @@ class ResumableParagraphAggregator(ParagraphAggregator, Resumable):
     STATE = {"lines": list, "filename": (str, type(None))}
     _filename: Optional[str] = None
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Tuple[str, str]]:
         state = self._take_pending()
         self.buffer, self._filename = (list(state["lines"]), state["filename"]) if state else ([], None)
         for filename, line in self.source_datapipe:
@@ -86,10 +87,10 @@ class ResumableParagraphAggregator(ParagraphAggregator, Resumable):
                 continue
             done, previous = self.buffer, self._filename
             self.buffer, self._filename = ([line] if line else []), filename
-            if done:
+            if done and previous is not None:  # (lines were taken: they have their file)
                 yield previous, self.joiner(done)
         done, self.buffer = self.buffer, []
-        if done:
+        if done and self._filename is not None:
             yield self._filename, self.joiner(done)
 
     def held_items(self) -> int:

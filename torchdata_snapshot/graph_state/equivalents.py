@@ -125,6 +125,8 @@ class ResumableShuffler(ShufflerIterDataPipe, Resumable):
 class ResumableUnBatcher(UnBatcherIterDataPipe, Expanding):
     """``UnBatcher``, through its own expansion of an element."""
 
+    __getstate__ = Expanding.__getstate__  # (before IterDataPipe's: the iteration's own is not pickled)
+
     def _expand(self, element: Any) -> Iterable[Any]:
         return self._dive(element, unbatch_level=self.unbatch_level)
 
@@ -134,6 +136,8 @@ class ResumableUnBatcher(UnBatcherIterDataPipe, Expanding):
 
 class ResumableFlatMapper(FlatMapperIterDataPipe, Expanding):
     """``FlatMapper``, through its own ``_apply_fn`` (``input_col`` handling included)."""
+
+    __getstate__ = Expanding.__getstate__  # (before IterDataPipe's: the iteration's own is not pickled)
 
     def _expand(self, element: Any) -> Iterable[Any]:
         return self._apply_fn(element)
@@ -265,6 +269,7 @@ class ResumableFileLister(FileListerIterDataPipe, Resumable):
     STATE = {"root": (str, type(None)), "yielded": int, "listed": (str, type(None))}
     #: The running digest (a hash object does not pickle; the graph is pickled between epochs).
     TRANSIENT = ("_listed",)
+    __getstate__ = Resumable.__getstate__  # (before IterDataPipe's: the iteration's own is not pickled)
     _listed = _listing_digest()  # never updated: each root starts its own
     _root: Optional[str] = None
     _yielded = 0

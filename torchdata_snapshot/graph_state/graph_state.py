@@ -49,7 +49,7 @@ started by ``spawn`` or ``forkserver`` does not run the code that registered the
 from __future__ import annotations
 
 import pickle
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 from torchdata.dataloader2.graph import DataPipe, replace_dp, traverse_dps
@@ -154,17 +154,18 @@ class GraphState:
         made = next(iter(graph.values()))[0]
         for _, dp in graph_datapipes(made):
             if isinstance(dp, CyclerIterDataPipe) and isinstance(dp, Resumable):
-                cast(Any, dp).on_new_pass = self._forgetting_source_of(dp)  # (its resumable class's)
+                cycler: Any = dp  # (on_new_pass is its resumable class's)
+                cycler.on_new_pass = self._forgetting(cycler.source_datapipe)
         return made
 
-    def _forgetting_source_of(self, cycler: CyclerIterDataPipe) -> Callable[[], None]:
-        """What ``cycler`` does before each pass after the first: forget the states of its
-        source's subgraph (looked up at the first such pass)."""
+    def _forgetting(self, source: DataPipe) -> Callable[[], None]:
+        """What a ``Cycler`` of ``source`` does before each pass after the first: forget the
+        states of its source's subgraph (looked up at the first such pass)."""
         subgraph: List[DataPipe] = []
 
         def forget_source() -> None:
             if not subgraph:
-                subgraph.extend(dp for _, dp in graph_datapipes(cycler.source_datapipe))
+                subgraph.extend(dp for _, dp in graph_datapipes(source))
             self.forget(subgraph)
 
         return forget_source

@@ -139,7 +139,7 @@ class StreamMaker(IterDataPipe):
         return len(getattr(self, self._source))
 
 
-class ResumableReader(Expander):
+class ResumableReader(Expander, IterDataPipe):
     """A DataPipe that reads several items out of each element, run as the original does; its state is
     the element it is reading (streams as origins) and how many items it took from it."""
 

@@ -33,10 +33,10 @@ class Adapter(Protocol):
     """How a DataPipe of a given class resumes: a :class:`Resumable` subclass of that class (the
     DataPipe becomes one in place), or a DataPipe wrapping it."""
 
-    def adapts(self, dp: IterDataPipe) -> bool:
-        """Whether ``dp`` can resume (an ``IterableWrapper`` over a generator cannot)."""
+    def adapts(self, dp: Any) -> bool:
+        """Whether the DataPipe ``dp`` can resume (an ``IterableWrapper`` over a generator cannot)."""
 
-    def adapt(self, dp: IterDataPipe) -> IterDataPipe:
+    def adapt(self, dp: Any) -> Any:
         """``dp``, resumable (itself, or the DataPipe that takes its place in the graph)."""
 
 
@@ -47,13 +47,15 @@ def as_resumable(dp: IterDataPipe, adapters: Mapping[type, Adapter]) -> IterData
     return adapter.adapt(dp) if adapter is not None and adapter.adapts(dp) else dp
 
 
-class Resumable(IterDataPipe):
-    """Base of the resumable DataPipes: ``state_dict()`` describes the DataPipe at a yield
+class Resumable:
+    """What a DataPipe class adds to resume: ``state_dict()`` describes the DataPipe at a yield
     point; a state given to ``load_state_dict()`` is checked against ``STATE`` (field -> type)
     and used by the next iteration, once.
 
-    Mixed into a subclass of a DataPipe class (that class first, so that its own ``__getstate__``
-    and methods stand), it is what the subclass adds: the DataPipe's configuration stays the
+    A mixin, whatever ``IterDataPipe`` the class extends: after the DataPipe class in a subclass
+    of it (``class ResumableX(X, Resumable)``: X's layout comes first, so that a DataPipe of X can
+    become one in place), before ``IterDataPipe`` in a class of its own (``class X(Resumable,
+    IterDataPipe[T])``). In a subclass of a DataPipe class the configuration stays the
     original's, so the subclass initializes nothing (class attributes give its state's defaults).
     """
 
@@ -72,10 +74,15 @@ class Resumable(IterDataPipe):
     def adapt(cls, dp: IterDataPipe) -> IterDataPipe:
         """``dp`` made one of these in place: its configuration and identity stay, its class
         becomes this subclass of its own."""
-        dp.__class__ = cls
+        dp.__class__ = cls  # type: ignore[assignment]
         return dp
 
-    def __getstate__(self) -> Dict[str, Any]:
+    def __getstate__(self) -> Any:
+        """The DataPipe class's own state, or, with ``TRANSIENT`` attributes, the attributes but
+        those, as ``IterDataPipe`` gives them (a subclass of a DataPipe class, which comes first,
+        names this one as its ``__getstate__``)."""
+        if not self.TRANSIENT:
+            return super().__getstate__()  # type: ignore[misc]
         state = {k: v for k, v in self.__dict__.items() if k not in self.TRANSIENT}
         if IterDataPipe.getstate_hook is not None:
             return IterDataPipe.getstate_hook(state)
@@ -131,7 +138,7 @@ class Expanding(Expander):
 
     STATE = {"items": list, "took": int}
 
-    datapipe: IterDataPipe
+    datapipe: Any  # (the source, an attribute of the class it extends)
     _items: Deque[Any] = deque()
     _took = 0
 
