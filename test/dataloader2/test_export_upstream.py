@@ -1114,3 +1114,43 @@ def test_a_class_put_in_place_that_is_not_there_is_refused() -> None:
         in_place.fragment(OUR_MODULE, in_place.InPlace.parse("ResumableCycler", "x.py:CyclerIterDataPipe"))
     with pytest.raises(errors.ManifestError, match="is not 'path/to/file.py:UpstreamClass'"):
         in_place.InPlace.parse("ResumableHeader", "header.py")
+
+
+def test_the_tests_left_out_take_the_helpers_tables_and_imports_only_they_used() -> None:
+    """A commit that leaves tests out carries only the header its tests need: a helper, a table
+    and the entries set in it, and an import that only the left-out tests used, go with them; what
+    a kept test uses, and an import nothing used before either (a side effect), stay."""
+    rewrite = tool("rewrite")
+    source = (
+        "import json\nimport os\nimport side_effect  # noqa: F401\n\nfrom readers import Reader\n\n"
+        "READERS = {}\nREADERS['csv'] = Reader\n\n\n"
+        "def readers_of(kind):\n    return READERS[kind]\n\n\n"
+        "def path(name):\n    return os.path.join('d', name)\n\n\n"
+        "def test_core():\n    assert path('a')\n\n\n"
+        "def test_tables():\n    assert readers_of('csv') and json.dumps(1)\n"
+    )
+    without = rewrite.without_tests(source, ["test_tables"])
+    compile(without, "test_x.py", "exec")
+    assert "def path(name)" in without and "import os" in without and "import side_effect" in without
+    for gone in ("READERS", "readers_of", "import json", "from readers import Reader", "test_tables"):
+        assert gone not in without, gone
+
+
+def test_a_commit_deletes_upstreams_definitions_once_nothing_uses_them() -> None:
+    rewrite, errors = tool("rewrite"), tool("errors")
+    upstream = (
+        'import queue\nfrom typing import List\n\n__all__ = [\n    "New",\n    "Old",\n]\n\n\n'
+        "# The queue-based one.\nclass Old:\n    q: List[int] = []\n\n"
+        "    def get(self):\n        return queue.Queue()\n\n\n"
+        "class New:\n    pass\n"
+    )
+    text = rewrite.without_definitions(upstream, ["Old"])
+    compile(text, "reading_service.py", "exec")
+    assert "class Old" not in text and "queue-based" not in text and "import queue" not in text
+    assert "from typing import List" not in text and '    "Old",' not in text and '    "New",' in text
+    assert "class New:" in text
+    with pytest.raises(errors.UpstreamLayoutError, match="no top-level definition of \\['Gone'\\]"):
+        rewrite.without_definitions(upstream, ["Gone"])
+    used = upstream + "\n\nDEFAULT = Old\n"
+    with pytest.raises(errors.UpstreamLayoutError, match="cannot be deleted: the rest of the file uses them"):
+        rewrite.without_definitions(used, ["Old"])

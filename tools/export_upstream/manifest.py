@@ -9,7 +9,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, Set, Tuple
+from typing import Dict, Iterator, Optional, Set, Tuple
 
 from errors import ManifestError
 
@@ -32,7 +32,7 @@ PULL_REQUESTS_DIR = HERE / "prs"
 
 #: ``test_worker.py`` (the whole file) or ``test_worker.py:2/3`` (its second third).
 _TEST_PART = re.compile(
-    r"^(?P<file>[a-z_0-9]+\.py)(?::(?:(?P<part>\d+)/(?P<parts>\d+)|without=(?P<without>[a-z_0-9,]+)))?$"
+    r"^(?P<file>[a-z_0-9]+\.py)(?::(?:(?P<part>\d+)/(?P<parts>\d+)|without=(?P<without>[A-Za-z_0-9,]+)))?$"
 )
 
 
@@ -56,8 +56,9 @@ class Placement:
 @dataclass(frozen=True)
 class TestPart:
     """A test file, one of ``parts`` contiguous slices of its tests (``part`` counts from 1), or the
-    file ``without`` some of its tests (an optional feature's, which its own commit adds: the file
-    again, without fewer or none)."""
+    file ``without`` some of its tests (tests or test classes: an optional feature's, which its own
+    commit adds, or those that need tables a later commit adds: the file again, without fewer or
+    none), and without the helpers, tables and imports only they use."""
 
     file: str
     part: int = 1
@@ -78,6 +79,15 @@ class Edit:
 
 
 @dataclass(frozen=True)
+class Removal:
+    """Upstream's top-level definitions of ``names`` deleted from the file ``path``: what the
+    series' code replaced, once nothing uses it (with the imports only they used)."""
+
+    path: str
+    names: Tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Commit:
     title: str
     body: str
@@ -94,6 +104,8 @@ class Commit:
     fragment_tests: Tuple[str, ...] = ()
     #: Files of torchdata's tree this commit deletes: what the series' code replaces.
     deletes: Tuple[str, ...] = ()
+    #: Definitions of upstream's files this commit deletes: what the series' code replaced.
+    removals: Tuple[Removal, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -171,6 +183,9 @@ def load(path: Path = MANIFEST) -> Manifest:
                 fragments=tuple(entry.get("fragments", ())),
                 fragment_tests=tuple(entry.get("fragment_tests", ())),
                 deletes=tuple(entry.get("deletes", ())),
+                removals=tuple(
+                    Removal(removal["path"], tuple(removal["names"])) for removal in entry.get("removals", ())
+                ),
             )
             for entry in data["commit"]
         )
@@ -248,14 +263,15 @@ def test_source(name: str) -> Path:
     return helper if helper.is_file() else TESTS_DIR / name
 
 
-def helper_files(file: str) -> Set[str]:
-    """The test helpers (modules of the test folder that are not tests) ``file`` imports: through
-    any import of the test itself, through the module-level imports of the helpers."""
+def helper_files(file: str, text: Optional[str] = None) -> Set[str]:
+    """The test helpers (modules of the test folder that are not tests) ``file`` imports (or
+    ``text``, what is exported of it): through any import of the test itself, through the
+    module-level imports of the helpers."""
     found: Set[str] = set()
     todo = [file]
     while todo:
         name = todo.pop()
-        tree = ast.parse(test_source(name).read_text())
+        tree = ast.parse(text if name == file and text is not None else test_source(name).read_text())
         for node in ast.walk(tree) if name == file else tree.body:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
@@ -336,7 +352,7 @@ def check(manifest: Manifest) -> None:
             missing = test_imports(test.file) - done
             if missing and test.part == 1:
                 raise ManifestError(f"{test.file} ({commit.title}) needs {sorted(missing)}, exported later")
-            missing_helpers = helper_files(test.file) - helpers_done
+            missing_helpers = _exported_helpers(test) - helpers_done
             if missing_helpers:
                 raise ManifestError(f"{test.file} ({commit.title}) needs helpers {sorted(missing_helpers)}")
     left_out = {file: sorted(names) for file, names in withheld.items() if names}
@@ -356,6 +372,16 @@ def check(manifest: Manifest) -> None:
             if parts_done[part.file] != part.parts:
                 raise ManifestError(f"{part.file} has {part.parts} parts, {parts_done[part.file]} exported")
     _check_pull_requests(manifest)
+
+
+def _exported_helpers(test: TestPart) -> Set[str]:
+    """The helpers what is exported of ``test`` imports: the file without the tests it leaves out
+    imports none that only they used."""
+    if not test.without:
+        return helper_files(test.file)
+    from rewrite import without_tests  # (rewrite imports this module)
+
+    return helper_files(test.file, without_tests(test_source(test.file).read_text(), test.without))
 
 
 def _check_withheld(test: TestPart, withheld: Dict[str, Set[str]], title: str) -> None:

@@ -7,7 +7,7 @@ import ast
 import re
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from errors import ManifestError
+from errors import ManifestError, UpstreamLayoutError
 from manifest import PACKAGE, Manifest, Placement, public_name_modules
 
 #: Where the package's public names are importable once the series is applied.
@@ -294,7 +294,7 @@ def _insert_after_imports(text: str, block: str) -> str:
     return "".join(lines)
 
 
-def _used_names(tree: ast.Module) -> Set[str]:
+def _used_names(tree: ast.AST) -> Set[str]:
     used: Set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
@@ -342,7 +342,8 @@ def _drop_unused_imports(text: str, keep: Sequence[str], only: Optional[Tuple[st
 def without_tests(source: str, names: Sequence[str]) -> str:
     """``source`` without the tests ``names``, top-level or methods of a test class (their
     decorators, the comment block right above them and the blank lines after them): the tests an
-    optional feature's commit adds."""
+    optional feature's commit adds, or those a later commit adds with the tables they need. What
+    only those tests used goes with them (:func:`_unused_helpers_dropped`)."""
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
     members = [m for node in tree.body if isinstance(node, ast.ClassDef) for m in node.body]
@@ -354,7 +355,146 @@ def without_tests(source: str, names: Sequence[str]) -> str:
             while end < len(lines) and not lines[end].strip():
                 end += 1
             del lines[start:end]
-    return "".join(lines).rstrip("\n") + "\n"
+    return _unused_helpers_dropped(source, "".join(lines).rstrip("\n") + "\n")
+
+
+def _filled_table(node: ast.stmt) -> Optional[str]:
+    """The module-level name whose entries ``node`` sets (``TABLE[key] = ...``), if that is all
+    it does."""
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, ast.AugAssign):
+        targets = [node.target]
+    else:
+        return None
+    roots = set()
+    for target in targets:
+        if not isinstance(target, (ast.Subscript, ast.Attribute)):
+            return None
+        while isinstance(target, (ast.Subscript, ast.Attribute)):
+            target = target.value
+        if not isinstance(target, ast.Name):
+            return None
+        roots.add(target.id)
+    return roots.pop() if len(roots) == 1 else None
+
+
+def _helper_names(node: ast.stmt) -> Set[str]:
+    """The module-level names a top-level statement of a test file defines or fills, where dropping
+    it once nothing else uses them is safe: an undecorated helper function or class (not a test),
+    a table, entries set in a table (under an ``if`` too); none for any other statement."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        test = node.name.lower().startswith("test")
+        return set() if test or node.decorator_list else {node.name}
+    if (isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets)) or (
+        isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None
+    ):
+        bound = set(_bound_names(node))
+        return set() if any(n.startswith("__") for n in bound) else bound
+    table = _filled_table(node)
+    if table is not None:
+        return {table}
+    if isinstance(node, ast.If) and "__name__" not in ast.dump(node.test):
+        parts = [_helper_names(n) for n in node.body + node.orelse]
+        return set().union(*parts) if all(parts) else set()
+    return set()
+
+
+def _unused_helpers_dropped(before: str, after: str) -> str:
+    """``after`` (``before`` without some of its tests) without the module-level helpers and
+    tables (:func:`_helper_names`) that nothing left uses, the comment block right above each, and
+    the imports only they used (never one ``before`` did not use either: it may be there for its
+    side effects)."""
+    while True:
+        tree = ast.parse(after)
+        owned = [_helper_names(node) for node in tree.body]
+        dropped = []
+        for node, names in zip(tree.body, owned):
+            users = [other for other, theirs in zip(tree.body, owned) if not theirs & names]
+            if names and not any(names & _used_names(other) for other in users):
+                dropped.append(node)
+        if not dropped:
+            break
+        lines = after.splitlines(keepends=True)
+        for node in sorted(dropped, key=lambda n: n.lineno, reverse=True):
+            start, end = _start(node), node.end_lineno or node.lineno
+            while start > 0 and lines[start - 1].startswith("#"):
+                start -= 1
+            while end < len(lines) and not lines[end].strip():
+                end += 1
+            del lines[start:end]
+        after = "".join(lines).rstrip("\n") + "\n"
+    return _newly_unused_imports_dropped(before, after)
+
+
+def _newly_unused_imports_dropped(before: str, after: str) -> str:
+    """``after`` without the top-level imports of names that ``before`` used and ``after`` does
+    not any more."""
+    gone = _used_names(ast.parse(before)) - _used_names(ast.parse(after))
+    imported = {
+        (alias.asname or alias.name).split(".")[0]
+        for node in ast.parse(after).body
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    return _drop_unused_imports(after, keep=sorted(imported - gone))
+
+
+def without_definitions(source: str, names: Sequence[str]) -> str:
+    """``source`` (an upstream file) without its top-level definitions of ``names``: what the
+    series' code replaced, deleted once nothing uses it. The comment block right above each goes
+    with it, and a section comment whose definitions all went; ``__all__`` no longer lists them,
+    and the imports only they used go."""
+    tree = ast.parse(source)
+    found = [
+        node
+        for node in tree.body
+        if not isinstance(node, (ast.Import, ast.ImportFrom)) and set(_bound_names(node)) & set(names)
+    ]
+    missing = set(names) - {n for node in found for n in _bound_names(node)}
+    if missing:
+        raise UpstreamLayoutError(f"no top-level definition of {sorted(missing)} to delete")
+    lines = source.splitlines(keepends=True)
+    for node in sorted(found, key=lambda n: n.lineno, reverse=True):
+        start, end = _start(node), node.end_lineno or node.lineno
+        while start > 0 and lines[start - 1].startswith("#"):
+            start -= 1
+        del lines[start:end]
+        _drop_orphaned_section_comment(lines, start)
+    text = "".join(lines)
+    listed = _all_names(ast.parse(text))
+    if listed and set(listed) & set(names):
+        kept = "".join(f'    "{n}",\n' for n in listed if n not in names)
+        text = re.sub(r"__all__ = \[.*?\]", lambda _: f"__all__ = [\n{kept}]", text, count=1, flags=re.S)
+    text = re.sub(r"\n{4,}", "\n\n\n", text).rstrip("\n") + "\n"
+    still_used = set(names) & _used_names(ast.parse(text))
+    if still_used:
+        raise UpstreamLayoutError(f"{sorted(still_used)} cannot be deleted: the rest of the file uses them")
+    return _newly_unused_imports_dropped(source, text)
+
+
+def _drop_orphaned_section_comment(lines: List[str], at: int) -> None:
+    """Where a definition was deleted (``lines[at]``): the comment that headed its section, apart
+    by blank lines, goes when nothing follows it but blank lines before the next section's
+    comment or the end of the file."""
+    below = at
+    while below < len(lines) and not lines[below].strip():
+        below += 1
+    if below < len(lines) and not lines[below].startswith("#"):
+        return
+    following = below
+    while following < len(lines) and lines[following].startswith("#"):
+        following += 1
+    if following < len(lines) and lines[following].strip():
+        return  # the comment right above the next definition: the section goes on
+    end = at
+    while end > 0 and not lines[end - 1].strip():
+        end -= 1
+    start = end
+    while start > 0 and lines[start - 1].startswith("#"):
+        start -= 1
+    if 0 < start < end and not lines[start - 1].strip():
+        del lines[start:at]
 
 
 def test_slices(source: str, parts: int) -> List[str]:

@@ -40,6 +40,7 @@ from rewrite import (
     rewrite,
     rewrite_test,
     test_slices,
+    without_definitions,
     without_tests,
 )
 from splice import splice, target_of
@@ -246,6 +247,13 @@ class SeriesWriter:
             )
         return self._write(relative, text.replace(old, new))
 
+    def remove(self, relative: str, names: Sequence[str]) -> str:
+        """Delete upstream's top-level definitions of ``names`` from a file of torchdata's tree."""
+        path = self.checkout / relative
+        if not path.is_file():
+            raise UpstreamLayoutError(f"{relative} does not exist in this checkout")
+        return self._write(relative, without_definitions(path.read_text(), names))
+
     def delete(self, relative: str) -> str:
         """Delete a file of torchdata's tree that the series' code replaces."""
         path = self.checkout / relative
@@ -450,6 +458,7 @@ def _commit_files(writer: SeriesWriter, commit: Commit) -> List[str]:
     writer.begin(commit)
     paths = [writer.delete(path) for path in commit.deletes]
     paths += [writer.edit(edit.path, edit.old, edit.new, edit.count) for edit in commit.edits]
+    paths += [writer.remove(removal.path, removal.names) for removal in commit.removals]
     paths += [path for module in commit.modules for path in writer.module(module)]
     paths += [writer.fragment(name) for name in commit.fragments]
     if commit.exports:
