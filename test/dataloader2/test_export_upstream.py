@@ -599,6 +599,10 @@ AT_COMMIT = {
         "test/dataloader2/snapshot/test_reading_service.py",
         "test/dataloader2/snapshot/test_dataloader2_semantics.py",
         "test/dataloader2/snapshot/test_restore.py",
+        # torchdata's own DataPipes that keep their state where the package has adapters
+        "test/dataloader2/snapshot/test_remaining.py",
+        "test/dataloader2/snapshot/test_resumable_datapipes.py",
+        "test/dataloader2/snapshot/test_resumable_accumulators.py",
     ],
 }
 

@@ -26,7 +26,7 @@ from torchdata_snapshot.core.graph import sharding_point
 from torchdata_snapshot.core.messages import Level
 from torchdata_snapshot.elastic.remaining import skips_of_instance
 from torchdata_snapshot.graph_state.graph_state import RESUMABLE_ADAPTERS
-from torchdata_snapshot.graph_state.resumable import Expander
+from torchdata_snapshot.graph_state.resumable import Expander, as_resumable
 from torchdata_snapshot.graph_state.sharding_shift import ShardingShifts
 
 __all__ = [
@@ -122,9 +122,9 @@ def with_counting_expander(datapipe: DataPipe) -> DataPipe:
     graph = traverse_dps(datapipe)
     for dp in chain[at:]:
         if type(dp) in EXPANDING or type(dp) in HOLDING_ONE:
-            adapter = RESUMABLE_ADAPTERS[type(dp)]
-            if adapter.adapts(dp):  # (else nothing counts: an elastic restore refuses the state)
-                counting = adapter.adapt(dp)
-                if counting is not dp:
-                    graph = replace_dp(graph, dp, counting)
+            # Its adapter's (in place, or a wrapper); itself where its class counts already, or
+            # where it cannot resume (nothing counts then: an elastic restore refuses the state).
+            counting = as_resumable(dp, RESUMABLE_ADAPTERS)
+            if counting is not dp:
+                graph = replace_dp(graph, dp, counting)
     return next(iter(graph.values()))[0]
