@@ -24,12 +24,11 @@ from torchdata_snapshot.graph_state.file_origins import (
     rebuild,
 )
 from torchdata_snapshot.graph_state.readers import READER_ADAPTERS, ResumableReader, StreamMaker
+from torchdata_snapshot.graph_state.resumable import as_resumable
 
 
 def adapted(dp: Any) -> Any:
-    replacement = READER_ADAPTERS[type(dp)].adapt(dp)
-    assert replacement is not None
-    return replacement
+    return as_resumable(dp, READER_ADAPTERS)
 
 
 def opened(paths: List[str], mode: str = "r") -> Any:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Sequence, Set, Tuple
 
 from errors import ManifestError
-from rewrite import _all_names, _drop_unused_imports, _spelled, _start
+from rewrite import _all_names, _drop_unused_imports, _is_docstring, _spelled, _start
 
 
 @dataclass(frozen=True)
@@ -72,14 +72,6 @@ def fragment(source: str, spec: InPlace) -> str:
         + "".join(imports)
         + f"\n\nclass {spec.upstream_class}({bases}):\n"
         + body
-    )
-
-
-def _is_docstring(node: ast.stmt) -> bool:
-    return (
-        isinstance(node, ast.Expr)
-        and isinstance(node.value, ast.Constant)
-        and isinstance(node.value.value, str)
     )
 
 
