@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
 from torchdata.dataloader2.graph import DataPipe, replace_dp, traverse_dps
 
@@ -121,7 +122,7 @@ def with_counting_expander(datapipe: DataPipe) -> DataPipe:
         return datapipe
     graph = traverse_dps(datapipe)
     for dp in chain[at:]:
-        if type(dp) in EXPANDING or type(dp) in HOLDING_ONE:
+        if isinstance(dp, IterDataPipe) and (type(dp) in EXPANDING or type(dp) in HOLDING_ONE):
             # Its adapter's (in place, or a wrapper); itself where its class counts already, or
             # where it cannot resume (nothing counts then: an elastic restore refuses the state).
             counting = as_resumable(dp, RESUMABLE_ADAPTERS)
