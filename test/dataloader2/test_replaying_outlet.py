@@ -48,6 +48,13 @@ def _fail_at_7(x: int) -> int:
     return x
 
 
+def _draw_everywhere_then_fail_at_2(x: int) -> int:
+    random.random(), torch.rand(1), numpy.random.rand()
+    if x == 2:
+        raise ValueError("bad item 2")
+    return x
+
+
 def _wait_5ms(x: int) -> int:
     import time
 
@@ -148,6 +155,19 @@ class TestReplayingOutlet(SuiteTestCase):
             return got
 
         assert run(0) == run(3)
+
+    def test_an_item_that_raises_gives_the_caller_its_own_global_rng_states_back(self) -> None:
+        it = iter(isolated(IterableWrapper(range(5)).map(_draw_everywhere_then_fail_at_2)))
+        assert [next(it), next(it)] == [0, 1]
+        random.seed(3)
+        torch.manual_seed(3)
+        numpy.random.seed(3)
+        with pytest.raises(ValueError, match="bad item 2"):
+            next(it)
+        torch_3 = torch.Generator().manual_seed(3)
+        assert random.random() == random.Random(3).random()
+        assert torch.equal(torch.rand(1), torch.rand(1, generator=torch_3))
+        assert numpy.random.rand() == numpy.random.RandomState(3).rand()
 
     def test_the_epochs_iterator_is_created_with_the_pipelines_own_global_rng(self) -> None:
         def run(user_draws: int) -> List[int]:

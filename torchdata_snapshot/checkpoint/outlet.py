@@ -216,8 +216,11 @@ class _ReplayingIterator(OutletIterator):
             if rng is None:
                 item = self._produce(outlet)
             else:
-                with rng.active():  # this one item, with the pipeline's RNG states
+                rng.swap_in()  # this one item, with the pipeline's RNG states
+                try:
                     item = self._produce(outlet)
+                finally:
+                    rng.swap_out()
         except StopIteration:
             outlet.finished = True
             raise

@@ -46,6 +46,10 @@ __all__ = [
 _WORDS = "<{}I"
 
 
+#: torch's global CPU generator (what ``torch.get_rng_state()`` reads, without the call around it).
+_TORCH = torch.default_generator
+
+
 def _pack_words(words: Any) -> bytes:
     return struct.pack(_WORDS.format(len(words)), *words)
 
@@ -157,24 +161,28 @@ def _swap_numpy(numpy_random: Any, incoming: Any) -> Any:
     tuple of ``get_state()``, set with the cache cleared (about 80 us), so that the data do not
     depend on the numpy version.
     """
-    outgoing = _numpy_now(numpy_random)
-    if hasattr(numpy_random, "set_bit_generator"):
-        if incoming is None:
-            incoming = type(outgoing)()
-            incoming.state = outgoing.state
-        numpy_random.set_bit_generator(incoming)
-    else:
+    set_bit_generator = getattr(numpy_random, "set_bit_generator", None)
+    if set_bit_generator is None:
+        outgoing = numpy_random.get_state()
         name, key, pos, _, _ = outgoing if incoming is None else incoming
         numpy_random.set_state((name, key, pos, 0, 0.0))
+        return outgoing
+    outgoing = numpy_random.get_bit_generator()
+    if incoming is None:
+        incoming = type(outgoing)()
+        incoming.state = outgoing.state
+    set_bit_generator(incoming)
     return outgoing
 
 
 class IsolatedRNG:
     """The pipeline's ``random``/``torch``/``numpy`` global states, swapped in around each step.
 
-    A swap (in and out) takes two ``random.getstate()``/``setstate()``, two
-    ``torch.get_rng_state()``/``set_rng_state()`` and two ``numpy.random.set_bit_generator()``:
-    about 25 us, of which ``random.getstate()`` (625 Python ints) is two thirds.
+    A swap (:meth:`swap_in`, then :meth:`swap_out`) takes two ``random.getstate()``/``setstate()``,
+    two reads and sets of torch's CPU generator's state and two
+    ``numpy.random.set_bit_generator()``: about 25 us, of which ``random.getstate()`` (625 Python
+    ints built) is two thirds. That is the price of public APIs: nothing cheaper reads or sets
+    ``random``'s state.
 
     numpy's legacy Gaussian cache (the second value of a pair ``numpy.random.normal`` and its
     kin draw) does not survive a swap: it is cleared at every swap, and by :meth:`next_item`
@@ -186,28 +194,45 @@ class IsolatedRNG:
     Not reentrant; the pipeline's states start as a copy of the caller's at the first swap.
     """
 
+    __slots__ = ("_python", "_callers_python", "_torch", "_callers_torch", "_numpy", "_callers_numpy")
+
     def __init__(self) -> None:
-        self._python_torch: Optional[Tuple[Any, torch.Tensor]] = None  # None: not swapped in yet
+        self._python: Any = None
+        self._callers_python: Any = None
+        self._torch: Optional[torch.Tensor] = None  # None: not swapped in yet
+        self._callers_torch: Any = None  # (set by swap_in, read by swap_out)
         self._numpy: Any = None  # a bit generator (or a get_state() tuple); None: not seen yet
+        self._callers_numpy: Any = None
+
+    def swap_in(self) -> None:
+        """Install the pipeline's global RNG states, keeping the caller's aside; the caller
+        must :meth:`swap_out` (in a ``finally``) before it draws again."""
+        numpy_random = sys.modules.get("numpy.random")  # (not imported: no global state yet)
+        self._callers_numpy = None if numpy_random is None else _swap_numpy(numpy_random, self._numpy)
+        self._callers_python = random.getstate()
+        self._callers_torch = _TORCH.get_state()
+        if self._torch is not None:
+            random.setstate(self._python)
+            _TORCH.set_state(self._torch)
+
+    def swap_out(self) -> None:
+        """Keep the pipeline's global RNG states aside and put the caller's back."""
+        self._python = random.getstate()
+        self._torch = _TORCH.get_state()
+        random.setstate(self._callers_python)
+        _TORCH.set_state(self._callers_torch)
+        numpy_random = sys.modules.get("numpy.random")  # (the block may have imported it)
+        if numpy_random is not None:
+            self._numpy = _swap_numpy(numpy_random, self._callers_numpy)
 
     @contextmanager
     def active(self) -> Iterator[None]:
         """Run the block with the pipeline's global RNG states; the caller's are restored after."""
-        numpy_random = sys.modules.get("numpy.random")  # (not imported: no global state yet)
-        numpy_state = None if numpy_random is None else _swap_numpy(numpy_random, self._numpy)
-        python, torch_state = random.getstate(), torch.get_rng_state()
-        if self._python_torch is not None:
-            random.setstate(self._python_torch[0])
-            torch.set_rng_state(self._python_torch[1])
+        self.swap_in()
         try:
             yield
         finally:
-            self._python_torch = (random.getstate(), torch.get_rng_state())
-            random.setstate(python)
-            torch.set_rng_state(torch_state)
-            numpy_random = sys.modules.get("numpy.random")  # (the block may have imported it)
-            if numpy_random is not None:
-                self._numpy = _swap_numpy(numpy_random, numpy_state)
+            self.swap_out()
 
     def next_item(self) -> None:
         """Between two items produced within one :meth:`active` block: clear numpy's legacy
