@@ -47,6 +47,22 @@ class TestItemCodec(TestCase):
             assert encoder.shared is shared, item
             assert type(ItemDecoder.decode(1, payload)[0]) is type(item)
 
+    def test_plain_items_skip_the_sharing_pickler_and_pickle_to_the_same_bytes(self) -> None:
+        """Numbers, strings, bytes, booleans and None hold nothing to share: pickled directly, as
+        the sharing pickler pickles them, whatever the item before them held."""
+        plain = [0, -1, 2**70, 1.5, float("inf"), "", "\u00fc" * 300, b"x" * 70000, True, None]
+        through_the_pickler = []
+        for item in plain:
+            encoder = ItemEncoder()
+            encoder.add(item)
+            through_the_pickler.append(encoder.take()[1])
+        encoder = ItemEncoder()
+        encoder.dumps(torch.zeros(3))  # (a tensor: shared)
+        encoder._pickler.dump = None  # type: ignore[assignment,method-assign]  # never called
+        for item, expected in zip(plain, through_the_pickler):
+            assert encoder.dumps(item) == expected, item
+            assert not encoder.shared and encoder.slot is None
+
     def test_a_failed_item_leaves_the_batch_as_it_was(self) -> None:
         encoder = ItemEncoder()
         encoder.add(1)
