@@ -71,10 +71,10 @@ class TestOutbox(SuiteTestCase):
     def test_items_and_messages_are_written_in_the_order_they_were_queued(self) -> None:
         outbox, channel = self.outbox_pair()
         outbox.start_epoch(0)
-        outbox.put_item(QueuedItem(0, payload("a")))
+        outbox.put(QueuedItem(0, payload("a")))
         outbox.put(m.PauseResponse())
-        outbox.put_item(QueuedItem(0, payload("b")))
-        outbox.put_item(QueuedItem(0, payload("c")))
+        outbox.put(QueuedItem(0, payload("b")))
+        outbox.put(QueuedItem(0, payload("c")))
         outbox.drain()
         written = read_all(channel)
         assert isinstance(written[0], m.ItemsResponse) and ItemDecoder.decode(1, written[0].payload) == ["a"]
@@ -87,10 +87,10 @@ class TestOutbox(SuiteTestCase):
         outbox = Outbox(blocking, BatchingOptions(max_items=4), "worker 0")  # type: ignore[arg-type]
         try:
             outbox.start_epoch(0)
-            outbox.put_item(QueuedItem(0, payload(0)))
+            outbox.put(QueuedItem(0, payload(0)))
             assert blocking.entered.wait(10)
             for x in range(1, 10):
-                outbox.put_item(QueuedItem(0, payload(x), digest=x))
+                outbox.put(QueuedItem(0, payload(x), digest=x))
             blocking.release.set()
             outbox.drain()
             counts = [r.count for r in read_all(channel)]
@@ -101,16 +101,50 @@ class TestOutbox(SuiteTestCase):
             outbox.close(timeout_s=10)
             channel.close()
 
+    def test_items_put_while_the_thread_writes_take_no_lock(self) -> None:
+        """The producing loop hands over every item: while the thread is busy writing, a put
+        appends without waiting for the lock the thread takes between writes."""
+        channel, endpoint, _ = make_pipe_pair()
+        blocking = Blocking(endpoint)
+        outbox = Outbox(blocking, BatchingOptions(), "worker 0")  # type: ignore[arg-type]
+        try:
+            outbox.start_epoch(0)
+            outbox.put(QueuedItem(0, payload(0)))
+            assert blocking.entered.wait(10)
+            with outbox._cond:  # (held here: a put that needs it waits)
+                putter = threading.Thread(target=outbox.put, args=(QueuedItem(0, payload(1)),))
+                putter.start()
+                putter.join(10)
+                assert not putter.is_alive(), "the put waited for the lock"
+            blocking.release.set()
+            outbox.drain()
+            assert [x for r in read_all(channel) for x in ItemDecoder.decode(r.count, r.payload)] == [0, 1]
+        finally:
+            blocking.release.set()
+            outbox.close(timeout_s=10)
+            channel.close()
+
+    def test_an_item_put_alone_wakes_the_waiting_thread_every_time(self) -> None:
+        """One item at a time, each read before the next is put: the thread waits for every one
+        of them and must be woken each time (a wake-up lost would leave an item unwritten)."""
+        outbox, channel = self.outbox_pair()
+        outbox.start_epoch(0)
+        for x in range(2000):
+            outbox.put(QueuedItem(0, payload(x)))
+            response = channel.recv(timeout_s=10)
+            assert isinstance(response, m.ItemsResponse), f"item {x} was not written"
+            assert ItemDecoder.decode(1, response.payload) == [x]
+
     def test_a_batch_closes_once_it_holds_max_bytes(self) -> None:
         channel, endpoint, _ = make_pipe_pair()
         blocking = Blocking(endpoint)
         outbox = Outbox(blocking, BatchingOptions(max_items=64, max_bytes=250), "worker 0")  # type: ignore[arg-type]
         try:
             outbox.start_epoch(0)
-            outbox.put_item(QueuedItem(0, b"x"))
+            outbox.put(QueuedItem(0, b"x"))
             assert blocking.entered.wait(10)
             for _ in range(6):
-                outbox.put_item(QueuedItem(0, bytes(100)))
+                outbox.put(QueuedItem(0, bytes(100)))
             blocking.release.set()
             outbox.drain()
             assert [len(r.payload) for r in read_all(channel)] == [1, 300, 300]
@@ -125,7 +159,7 @@ class TestOutbox(SuiteTestCase):
         outbox, channel = self.outbox_pair(BatchingOptions(max_items=2))
         outbox.start_epoch(0)
         for x in range(3):
-            outbox.put_item(QueuedItem(0, payload(x), digest=100 + x))
+            outbox.put(QueuedItem(0, payload(x), digest=100 + x))
         outbox.drain()
         assert [d for r in read_all(channel) for d in array("Q", r.digests)] == [100, 101, 102]
 
@@ -135,13 +169,13 @@ class TestOutbox(SuiteTestCase):
         outbox = Outbox(blocking, BatchingOptions(), "worker 0")  # type: ignore[arg-type]
         try:
             outbox.start_epoch(0)
-            outbox.put_item(QueuedItem(0, payload("written")))
+            outbox.put(QueuedItem(0, payload("written")))
             assert blocking.entered.wait(10)
-            outbox.put_item(QueuedItem(0, payload("dropped")))
+            outbox.put(QueuedItem(0, payload("dropped")))
             outbox.put(m.ResetEpochResponse(1))
             threading.Timer(0.05, blocking.release.set).start()  # start_epoch waits for the write
             outbox.start_epoch(1, sent=5)
-            outbox.put_item(QueuedItem(1, payload("new")))
+            outbox.put(QueuedItem(1, payload("new")))
             outbox.drain()
             written = read_all(channel)
             assert [type(r).__name__ for r in written] == [
@@ -161,7 +195,7 @@ class TestOutbox(SuiteTestCase):
         outbox, channel = self.outbox_pair()
         outbox.endpoint.parent = ParentWatch(-1)  # not our parent: as if it had died
         outbox.start_epoch(0)
-        outbox.put_item(QueuedItem(0, bytes(4 << 20)))  # larger than any pipe buffer: the write blocks
+        outbox.put(QueuedItem(0, bytes(4 << 20)))  # larger than any pipe buffer: the write blocks
         start = time.monotonic()
         with pytest.raises(ParentGone):
             outbox.drain()
@@ -171,7 +205,7 @@ class TestOutbox(SuiteTestCase):
         outbox, channel = self.outbox_pair()
         outbox.start_epoch(0)
         for x in range(5):
-            outbox.put_item(QueuedItem(0, payload(x)))
+            outbox.put(QueuedItem(0, payload(x)))
         outbox.close(timeout_s=10)
         assert not outbox._thread.is_alive()
         assert [x for r in read_all(channel) for x in ItemDecoder.decode(r.count, r.payload)] == list(
@@ -182,10 +216,10 @@ class TestOutbox(SuiteTestCase):
         outbox, channel = self.outbox_pair()
         outbox.start_epoch(0)
         channel.close()
-        outbox.put_item(QueuedItem(0, payload(1)))  # the thread finds the pipe closed at this write
+        outbox.put(QueuedItem(0, payload(1)))  # the thread finds the pipe closed at this write
         outbox.drain()  # returns: nothing can be written any more
         with pytest.raises(ParentGone):
-            outbox.put_item(QueuedItem(0, payload(2)))
+            outbox.put(QueuedItem(0, payload(2)))
 
 
 if __name__ == "__main__":

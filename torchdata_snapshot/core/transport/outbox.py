@@ -64,6 +64,7 @@ class Outbox:
         self._queue: Deque[Any] = deque()
         self._cond = threading.Condition(threading.Lock())
         self._busy = False  # the thread holds entries taken from the queue
+        self._waiting = False  # the thread may be waiting for an entry: a put must notify it
         self._epoch = NO_EPOCH
         self._sent = 0
         self._batches = 0
@@ -73,26 +74,25 @@ class Outbox:
 
     # --- producer side --------------------------------------------------------------------------
 
-    def put_item(self, item: QueuedItem) -> None:
-        """Queue a pickled item (with what travels beside it: see :class:`QueuedItem`)."""
-        self._put(item)
+    def put(self, entry: Any) -> None:
+        """Queue a message, or a pickled item (a :class:`QueuedItem`, with what travels beside
+        it), after everything queued before it.
 
-    def put(self, message: Any) -> None:
-        """Queue a message after everything queued before it."""
-        self._put(message)
+        It appends without the lock (a deque's appends and pops are atomic) and wakes the thread
+        only if it waits. The thread says so before it looks at the queue, under the lock:
+        either it sees the entry, or this sees it waiting and notifies once it waits (the lock
+        is free only then)."""
+        self.check()
+        self._queue.append(entry)
+        if self._waiting:
+            with self._cond:
+                self._cond.notify()
 
     def check(self) -> None:
         """Raise :class:`ParentGone` if nothing can be written any more: the parent is gone, or
         the thread failed (after reporting why)."""
         if self.broken is not None:
             raise ParentGone from self.broken
-
-    def _put(self, entry: Any) -> None:
-        self.check()
-        with self._cond:
-            self._queue.append(entry)
-            if len(self._queue) == 1:
-                self._cond.notify()
 
     def start_epoch(self, epoch: int, sent: int = 0) -> None:
         """A new epoch: drop the items of the old one not written yet, wait for a write in
@@ -138,8 +138,10 @@ class Outbox:
         try:
             while True:
                 with self._cond:
+                    self._waiting = True
                     while not self._queue:
                         self._cond.wait()
+                    self._waiting = False
                     if isinstance(self._queue[0], QueuedItem):
                         batch: Any = take_batch(self._queue, self.batching.max_items, self.batching.max_bytes)
                         head = batch[0]

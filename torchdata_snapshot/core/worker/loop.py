@@ -174,7 +174,7 @@ class WorkerLoop(ServingLoop):
                 return
             epoch.produced += 1
             epoch.credit -= 1
-            self.outbox.put_item(self._queued(epoch, item, payload))
+            self.outbox.put(self._queued(epoch, item, payload))
             self._after_item(epoch)
             if time.perf_counter() >= deadline:
                 return
