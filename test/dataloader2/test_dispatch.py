@@ -131,6 +131,27 @@ class TestDispatch(SuiteTestCase):
         with pytest.raises(ProtocolError, match="does not serve 'PauseRequest' from workers"):
             list(d.sources[0])
 
+    def test_the_dispatched_graph_answers_torchs_child_checks_once(self) -> None:
+        """Its DataPipes fail no ``_is_child_datapipe`` lookup per item (see test_child_checks)."""
+        from torch.utils.data import IterDataPipe
+        from torchdata.dataloader2.graph import list_dps, traverse_dps
+
+        graph = IterableWrapper(range(30)).shuffle().map(int)
+        failed: List[Any] = []
+        fallback = IterDataPipe.__getattr__
+
+        def recording(dp: Any, name: str) -> Any:
+            if name == "_is_child_datapipe":
+                failed.append(dp)
+            return fallback(dp, name)
+
+        self.monkeypatch.setattr(IterDataPipe, "__getattr__", recording)
+        d = self.dispatching(graph, num_workers=2)
+        d.reset()
+        assert sorted(x for s in d.sources for x in s) == list(range(30))
+        dispatched = list_dps(traverse_dps(d.loop.datapipe))
+        assert dispatched and not [dp for dp in failed if any(dp is x for x in dispatched)]
+
     def test_sources_are_leaves_for_graph_traversal(self) -> None:
         from torchdata.dataloader2.graph import traverse_dps
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from suite_case import SuiteTestCase
 from torchdata.dataloader2.utils import WorkerInfo
-from torchdata.datapipes.iter import IterDataPipe
+from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
 from worker_driver import items_of, reset, serve
 
 from torchdata_snapshot import register_state_functions
@@ -137,6 +137,25 @@ class TestStatefulWorker(SuiteTestCase):
         assert responses[1] == m.ReplayResponse(0, 1)
         assert items_of(responses) == [3, 4], "loaded after item 2, item 3 replayed and dropped"
         assert serve(source, [reset(), m.GetStateRequest()], loop=StatefulWorkerLoop)[-1].snapshot.stateful
+
+    def test_the_graph_made_resumable_answers_torchs_child_check_once(self) -> None:
+        """The DataPipes the stateful loop runs (some changed into resumable subclasses) fail no
+        ``_is_child_datapipe`` lookup per item (see test_child_checks)."""
+        failed = []
+        fallback = IterDataPipe.__getattr__
+
+        def recording(dp: Any, name: str) -> Any:
+            if name == "_is_child_datapipe":
+                failed.append(type(dp).__name__)
+            return fallback(dp, name)
+
+        self.monkeypatch.setattr(IterDataPipe, "__getattr__", recording)
+        graph = IterableWrapper(range(40)).shuffle().sharding_filter().map(abs)
+        responses = serve(
+            graph, [reset(), m.GetNextRequest(0, 100), m.GetStateRequest()], loop=StatefulWorkerLoop
+        )
+        assert responses[-1].snapshot.stateful and sorted(items_of(responses)) == list(range(40))
+        assert failed == []
 
     def test_handlers_table_covers_every_request_the_main_process_sends(self) -> None:
         assert set(StatefulWorkerLoop.HANDLERS) == {*WorkerLoop.HANDLERS, m.ReplayRequest}

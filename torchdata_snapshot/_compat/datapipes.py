@@ -5,8 +5,9 @@ detection, the text readers' arguments, a ``Prefetcher``'s thread)."""
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterator, Optional, Tuple
+from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
 
+from torch.utils.data import IterDataPipe
 from torch.utils.data.graph import DataPipe
 from torchdata.datapipes.iter import Decompressor as DecompressorIterDataPipe
 from torchdata.datapipes.iter import Prefetcher as PrefetcherIterDataPipe
@@ -21,6 +22,22 @@ def iterator_id(dp: DataPipe) -> Optional[int]:
     """The number torch gave ``dp``'s latest iterator (``None`` before the first): it moves
     whenever an iteration of ``dp`` starts."""
     return getattr(dp, "_valid_iterator_id", None)
+
+
+def answer_child_checks(datapipes: Iterable[DataPipe]) -> None:
+    """Answer once, on each of ``datapipes``, the question torch's iterator hook asks of every
+    IterDataPipe at every item: ``hasattr(dp, "_is_child_datapipe")``.
+
+    Only a ``fork()``/``demux()`` child's class has that attribute. On any other DataPipe the
+    lookup falls through to ``IterDataPipe.__getattr__``, which formats and raises an
+    ``AttributeError`` for ``hasattr`` to catch: about 0.9 us per DataPipe per item, 3.5 of the
+    5.6 us a tiny item costs a graph of four. ``False`` in the instance is the answer the hook
+    reached anyway: it then checks the iterator as a plain DataPipe's, as before. DataPipes
+    whose class answers (children) are left as they are.
+    """
+    for dp in datapipes:
+        if isinstance(dp, IterDataPipe) and getattr(type(dp), "_is_child_datapipe", None) is None:
+            vars(dp)["_is_child_datapipe"] = False
 
 
 def unhooked_iter(cls: type, iter_fn: Callable[[Any], Iterator[Any]]) -> None:

@@ -16,6 +16,7 @@ from torchdata.dataloader2.graph import DataPipe, set_graph_random_seed
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.dataloader2.utils.worker import WorkerInfo
 
+from torchdata_snapshot._compat.datapipes import answer_child_checks
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
 from torchdata_snapshot.core.graph import datapipe_state_dicts, datapipe_yields, graph_datapipes
 from torchdata_snapshot.core.main.outlet import Outlet
@@ -48,6 +49,7 @@ class InProcess:
         ``num_workers=0`` (``elastic`` and ``replay`` concern workers only: an epoch resumes
         elastically only there, and a position in this process is replayed by the outlet)."""
         set_graph_random_seed(outlet, seed_generator)
+        answer_child_checks(dp for _, dp in graph_datapipes(outlet))
 
     def pause(self, pause_fn: Optional[Callable]) -> None:
         pass  # the graph runs only when the user asks for an item

@@ -29,6 +29,7 @@ from torchdata.dataloader2.graph import DataPipe, find_dps, traverse_dps
 from torchdata.dataloader2.graph._serialization import extract_wrapper
 from torchdata.dataloader2.utils.worker import WorkerInfo, process_reset_fn
 
+from torchdata_snapshot._compat.datapipes import answer_child_checks
 from torchdata_snapshot._constants import (
     DISPATCH_WINDOW,
     DISPATCHER_ID,
@@ -245,6 +246,7 @@ class DispatcherLoop(ServingLoop):
             self.pending[w].clear()
             self.end_sent[w] = False
         self.ended = None
+        answer_child_checks(dp for _, dp in graph_datapipes(self.datapipe))
         self.iterator = iter(self.datapipe)
         self._reply(ResetEpochResponse(self.epoch))
 

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Tuple
 from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.utils.worker import WorkerInfo, process_reset_fn
 
+from torchdata_snapshot._compat.datapipes import answer_child_checks
 from torchdata_snapshot._constants import LIVENESS_CHECK_INTERVAL_S, REQUEST_CHECK_ITEMS, REQUEST_CHECK_S
 from torchdata_snapshot._errors import ExceptionWrapper
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
@@ -257,6 +258,7 @@ class WorkerLoop(ServingLoop):
         self._start_epoch(request, epoch)
         for source in self._sources:
             source.reset_epoch(request.epoch)
+        answer_child_checks(dp for _, dp in self._graph)  # (the graph as the epoch runs it)
         epoch.iterator = iter(self.datapipe)
         self.current = epoch
         self.outbox.put(ResetEpochResponse(request.epoch))
