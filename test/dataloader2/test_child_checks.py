@@ -83,6 +83,12 @@ class TestChildChecks(SuiteTestCase):
         assert sorted(items_of(responses)) == list(range(1, 41))
         assert failed[0] == 0
 
+    def test_the_main_process_answers_for_what_it_iterates_with_workers(self) -> None:
+        failed = self.count_failed_child_lookups()  # (counts this process's lookups only)
+        dl = self.make_dl(tiny_graph(40).batch(4), MultiProcessingReadingService(num_workers=1))
+        assert sorted(x for batch in dl for x in batch) == list(range(1, 41))
+        assert failed[0] == 0
+
     def test_num_workers_0_answers_for_its_graph(self) -> None:
         failed = self.count_failed_child_lookups()
         dl = self.make_dl(tiny_graph(40), MultiProcessingReadingService(num_workers=0))

@@ -21,9 +21,11 @@ from torchdata.dataloader2.graph.utils import _find_replicable_branches
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.dataloader2.utils.dispatch import find_lca_round_robin_sharding_dp
 
+from torchdata_snapshot._compat.datapipes import answer_child_checks
 from torchdata_snapshot._constants import EXIT_JOIN_TIMEOUT_S, SMALL_ITEMS_PREFETCH_BYTES
 from torchdata_snapshot._errors import ProtocolError
 from torchdata_snapshot._worker_snapshot import WorkerSnapshot
+from torchdata_snapshot.core.graph import graph_datapipes
 from torchdata_snapshot.core.main.consumer import WorkerConsumer
 from torchdata_snapshot.core.main.launcher import ProcessLauncher
 from torchdata_snapshot.core.main.links import Replacer, ReplacerFactory
@@ -213,6 +215,7 @@ class WorkerProcesses:
         # The main process's DataPipes (the non-replicable tail) are seeded from the generator
         # itself, each worker from its spawn, as torchdata does.
         set_graph_random_seed(outlet, seed_generator)
+        answer_child_checks(dp for _, dp in graph_datapipes(outlet))
         seeds = [seed_generator.spawn(worker_id) for worker_id in range(self.num_workers)]
         self.consumer.reset_epoch(epoch, seeds, iter_reset_fn, elastic)
         if self.dispatcher is not None:
