@@ -21,6 +21,7 @@ from torchdata_snapshot.core.plugins import installed
 from torchdata_snapshot.core.transport.channel import Channel, Endpoint, ParentWatch
 from torchdata_snapshot.core.transport.item_codec import ItemPool
 from torchdata_snapshot.core.worker.dispatcher import DispatchedSource
+from torchdata_snapshot.core.worker.heap import keep_heap
 from torchdata_snapshot.core.worker.loop import WorkerLoop
 from torchdata_snapshot.core.worker.signals import ignore_job_signals
 from torchdata_snapshot.core.worker.worker_graph import prepare_worker_graph
@@ -50,6 +51,7 @@ def run_worker(
     if pool is not None:
         pool.close_fd()  # (inherited under fork) the mapping keeps the memory
     torch.set_num_threads(1)
+    keep_heap()  # before the graph allocates: see heap.py
     ignore_job_signals()
     endpoint.parent = ParentWatch(parent_pid)
     if dispatcher_link is not None:
