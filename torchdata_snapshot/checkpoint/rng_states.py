@@ -8,7 +8,8 @@ loop drew differently, cannot replay the same items. DataLoader2 left this as a 
 ("add a method to isolate global RNGs").
 
 :class:`IsolatedRNG` keeps the pipeline's own copy of the three global states: every step of
-the pipeline runs inside :meth:`IsolatedRNG.active`, which swaps the pipeline's states in and
+the pipeline runs between :meth:`IsolatedRNG.swap_in` and :meth:`IsolatedRNG.swap_out` (or
+inside :meth:`IsolatedRNG.active`, which calls both), which swap the pipeline's states in and
 the caller's states back out, so neither side sees the other's draws. It uses public APIs
 only, and swaps numpy's state by reference (its global ``RandomState``'s bit generator), which
 clears numpy's legacy Gaussian cache: see :class:`IsolatedRNG`.

@@ -246,7 +246,7 @@ class DispatcherLoop(ServingLoop):
             self.pending[w].clear()
             self.end_sent[w] = False
         self.ended = None
-        answer_child_checks(dp for _, dp in graph_datapipes(self.datapipe))
+        answer_child_checks(self._datapipes())
         self.iterator = iter(self.datapipe)
         self._reply(ResetEpochResponse(self.epoch))
 

@@ -258,7 +258,7 @@ class WorkerLoop(ServingLoop):
         self._start_epoch(request, epoch)
         for source in self._sources:
             source.reset_epoch(request.epoch)
-        answer_child_checks(dp for _, dp in self._graph)  # (the graph as the epoch runs it)
+        answer_child_checks(self._datapipes())  # (the graph as the epoch runs it)
         epoch.iterator = iter(self.datapipe)
         self.current = epoch
         self.outbox.put(ResetEpochResponse(request.epoch))
