@@ -5,7 +5,7 @@
 
 The first job trains (here: collects the batches it receives) with 2 workers per rank and saves,
 after every step, what every rank needs to resume: ``gather_elastic_state(dl.state_dict())``,
-the one collective call a distributed training loop adds (a few integers per worker travel).
+the one collective call a distributed training loop adds (every rank's state travels).
 At step ``--kill-at`` the job is preempted: every rank ends at once, with ``os._exit(0)``. That
 runs no ``shutdown()``, no ``finally`` and no exit handler, so the data pipeline sees what a
 SIGKILL would leave (its workers end on their own), but torchrun reads the exit code as done: the

@@ -46,10 +46,16 @@ def example(**changes: Any) -> Checkpoint:
         next_worker=0,
         sharding=(2, 1),
         remaining=(Level((3, 0, 5), (0, 4, 0)),),
-        ranks=(((8, 1), (None, None)), ((9, 2), (6, 0))),
     )
+    gathered = changes.pop("gathered", True)
     fields.update(changes)
-    return Checkpoint(**fields)
+    own = Checkpoint(**fields)
+    if not gathered:
+        return own
+    rank0 = replace(
+        own, sharding=(2, 0), delivered=8, workers=(WorkerPosition(5, taken=8), WorkerPosition(3))
+    )
+    return replace(own, ranks=(rank0, own))  # as gather_elastic_state makes it on rank 1
 
 
 PLAIN_TYPES = (dict, list, str, bytes, int, float, bool, type(None))
@@ -169,6 +175,22 @@ class TestCheckpoint(SuiteTestCase):
                 corrupt(lambda s: s.update(delivered=9)),
                 "'delivered' \\(9\\) must be what the workers' streams delivered, 7",
             ),
+            (
+                corrupt(lambda s: s["ranks"].pop()),
+                "'ranks' must list the state of every rank of the job's 2 ranks or be None",
+            ),
+            (corrupt(lambda s: s["ranks"][0].update(epoch=4)), "ranks\\[0\\]: the checkpoint's checksum"),
+            (corrupt(lambda s: s["ranks"].reverse()), "ranks\\[0\\] must be rank 0's own state"),
+            (
+                corrupt(lambda s: s["ranks"].__setitem__(0, example(gathered=False, epoch=4).to_plain())),
+                "ranks\\[0\\] must be rank 0's own state, of the same epoch",
+            ),
+            (
+                corrupt(
+                    lambda s: s["ranks"].__setitem__(1, example(gathered=False, next_worker=1).to_plain())
+                ),
+                "ranks\\[1\\] must be this rank's own state",
+            ),
         ],
     )
     def test_invalid_states_are_refused_with_the_reason(self, state: Any, match: str) -> None:
@@ -177,7 +199,7 @@ class TestCheckpoint(SuiteTestCase):
 
     def test_a_state_for_another_num_workers_world_size_or_pipeline_does_not_fit(self) -> None:
         state = example()
-        state.check_fits(2, GRAPH, (2, 0))
+        state.check_fits(2, GRAPH, (2, 1))
         with pytest.raises(
             IncompatibleCheckpointError,
             match="num_workers=2, this reading service has num_workers=4.*elastic=True.* resumes",
@@ -189,6 +211,22 @@ class TestCheckpoint(SuiteTestCase):
             state.check_fits(2, GRAPH, (3, 1))
         with pytest.raises(IncompatibleCheckpointError, match="another pipeline"):
             state.check_fits(2, replace(GRAPH, fingerprint="fedcba9876543210"), (2, 1))
+
+    def test_a_state_taken_on_another_rank_does_not_fit_and_names_both(self) -> None:
+        with pytest.raises(
+            IncompatibleCheckpointError,
+            match="taken on rank 1 of 2, this is rank 0: .*gather_elastic_state\\(dl.state_dict\\(\\)\\)",
+        ):
+            example(gathered=False).check_fits(2, GRAPH, (2, 0))
+
+    def test_a_gathered_state_resumes_each_rank_of_its_world_size_from_that_ranks_own_state(self) -> None:
+        state = example()
+        rank0, rank1 = state.ranks
+        assert state.for_rank((2, 1)) == state
+        assert state.for_rank((2, 0)) == replace(rank0, ranks=state.ranks), "rank 0's own, still gathered"
+        state.for_rank((2, 0)).check_fits(2, GRAPH, (2, 0))
+        assert state.for_rank((3, 0)) == state, "another world size resumes elastically, from every rank"
+        assert example(gathered=False).for_rank((2, 0)) == example(gathered=False)
 
     @parametrize(
         "graph, match",
@@ -219,7 +257,7 @@ class TestCheckpoint(SuiteTestCase):
         self, graph: GraphIdentity, match: str
     ) -> None:
         with pytest.raises(IncompatibleCheckpointError, match=f"other arguments of its DataPipes.*{match}"):
-            example().check_fits(2, graph, (2, 0))
+            example().check_fits(2, graph, (2, 1))
 
     def test_arguments_compare_as_plain_data(self) -> None:
         nan = GraphIdentity(
@@ -238,7 +276,7 @@ class TestCheckpoint(SuiteTestCase):
 
     def test_a_state_without_arguments_checks_the_structure_only(self) -> None:
         state = example(graph=GraphIdentity(GRAPH.fingerprint))
-        state.check_fits(2, with_argument("0:BatcherIterDataPipe", batch_size=5), (2, 0))
+        state.check_fits(2, with_argument("0:BatcherIterDataPipe", batch_size=5), (2, 1))
         assert Checkpoint.from_plain(state.to_plain()) == state
 
     def test_a_record_is_read_with_the_readings_of_the_pipeline_restored_onto(self) -> None:
@@ -259,13 +297,13 @@ class TestCheckpoint(SuiteTestCase):
         state = Checkpoint.from_plain(
             example(graph=GraphIdentity(graph_fingerprint(lines("r")), earlier)).to_plain()
         )
-        state.check_fits(2, graph_identity(lines("r")), (2, 0))
-        state.check_fits(2, graph_identity(lines("rt")), (2, 0))
+        state.check_fits(2, graph_identity(lines("r")), (2, 1))
+        state.check_fits(2, graph_identity(lines("rt")), (2, 1))
         with pytest.raises(
             IncompatibleCheckpointError,
             match="1:FileOpenerIterDataPipe: mode was 'rt' in the checkpoint, is 'rb'",
         ):
-            state.check_fits(2, graph_identity(lines("b")), (2, 0))
+            state.check_fits(2, graph_identity(lines("b")), (2, 1))
 
     @parametrize("version", range(1, FORMAT_VERSION))
     def test_a_state_of_an_earlier_format_version_is_refused_naming_both(self, version: int) -> None:

@@ -299,3 +299,65 @@ def test_a_gathered_state_resumes_with_another_world_size_each_element_once(
     assert [r["seed"] for r in resumed] == [f["seed"] for f in fresh], (
         "each new rank's workers are seeded as a fresh job's rank, not as the rank whose state it loaded"
     )
+
+
+def save_own_and_gathered(rank: int, world_size: int, path: str, n: int, k: int) -> Dict[str, Any]:
+    """Epoch 0, then ``k`` items of epoch 1 with 2 workers: save this rank's state, gathered and
+    not; then the rest of epoch 1 and epoch 2 uninterrupted."""
+    import torch
+
+    from torchdata_snapshot import gather_elastic_state
+
+    dl = _elastic_loader(2, n)
+    list(dl)
+    it = iter(dl)
+    for _ in range(k):
+        next(it)
+    state = dl.state_dict()
+    torch.save(state, f"{path}/own{rank}.pt")
+    torch.save(gather_elastic_state(state), f"{path}/gathered{rank}.pt")
+    rest, following = list(it), list(dl)
+    dl.shutdown()
+    return {"rest": rest, "following": following}
+
+
+def resume_every_source(rank: int, world_size: int, path: str, elastic: bool) -> Dict[str, Any]:
+    """Load, on this rank of a job of the same layout, every old rank's gathered state, then the
+    next rank's own state, as ``load_state_dict`` does: what each resumed, or why it was refused
+    (every rank does the same, so that the ranks' collectives stay in step)."""
+    import torch
+
+    from torchdata_snapshot import IncompatibleCheckpointError, load_state_dict
+
+    got: Dict[str, Any] = {}
+    for name in [f"gathered{source}" for source in range(world_size)] + [f"own{(rank + 1) % world_size}"]:
+        dl = _elastic_loader(2, 84, elastic=elastic)
+        try:
+            load_state_dict(dl, torch.load(f"{path}/{name}.pt", weights_only=True))
+            got[name] = {"rest": list(dl), "following": list(dl)}
+        except IncompatibleCheckpointError as e:
+            got[name] = {"refused": str(e)}
+        finally:
+            dl.shutdown()
+    return got
+
+
+@pytest.mark.parametrize("world_size, elastic", [(2, True), (3, False)])
+def test_any_ranks_gathered_state_resumes_every_rank_of_the_same_world_size_exactly(
+    tmp_path: Path, world_size: int, elastic: bool
+) -> None:
+    """Every rank of the new job loads every old rank's gathered state in turn: each resumes its
+    own rest of the epoch and its own next epoch, batch for batch as the uninterrupted run.
+    Another rank's state that was not gathered is refused naming both ranks."""
+    saved = run_ranks(save_own_and_gathered, tmp_path, world_size=world_size, path=str(tmp_path), n=84, k=5)
+    resumed = run_ranks(
+        resume_every_source, tmp_path, world_size=world_size, path=str(tmp_path), elastic=elastic
+    )
+    assert all(saved[rank]["rest"] for rank in range(world_size)), "the epoch was saved mid-way"
+    for rank, got in enumerate(resumed):
+        for source in range(world_size):
+            assert got[f"gathered{source}"] == saved[rank], f"rank {rank} from rank {source}'s gathered state"
+        source = (rank + 1) % world_size
+        assert (
+            f"taken on rank {source} of {world_size}, this is rank {rank}" in got[f"own{source}"]["refused"]
+        )

@@ -86,6 +86,19 @@ class TestRestorePlan(TestCase):
         with pytest.raises(IncompatibleCheckpointError, match="another pipeline"):
             plan(in_epoch(dp), other, 3, elastic=True)
 
+    def test_another_ranks_state_resumes_this_rank_only_when_gathered(self) -> None:
+        dp = sharded()
+        apply_sharding(dp, 2, 1, SHARDING_PRIORITIES.DISTRIBUTED)  # this is rank 1 of 2
+        rank0 = in_epoch(dp, sharding=(2, 0))
+        rank1 = replace(rank0, sharding=(2, 1), delivered=4, workers=(WorkerPosition(2, taken=2),) * 2)
+        for elastic in (False, True):
+            with pytest.raises(IncompatibleCheckpointError, match="taken on rank 0 of 2, this is rank 1"):
+                plan(rank0, dp, 2, elastic)
+            pending = plan(replace(rank0, ranks=(rank0, rank1)), dp, 2, elastic)
+            assert pending == PendingRestore(replace(rank1, ranks=(rank0, rank1))), (
+                "rank 1's own state, exactly"
+            )
+
     def test_an_elastic_plan_deals_what_remains_over_the_new_workers(self) -> None:
         dp = sharded()
         pending = plan(in_epoch(dp), dp, 3, elastic=True)
@@ -104,9 +117,14 @@ class TestRestorePlan(TestCase):
     def test_an_elastic_plan_adds_a_level_and_takes_this_ranks_seeds(self) -> None:
         dp = sharded()
         earlier = Level((1, 1, 1, 1), (0, 0, 0, 0))
-        state = in_epoch(
-            dp, sharding=(2, 1), ranks=(((4, None), (4, None)), ((3, None), (2, None))), remaining=(earlier,)
+        rank1 = in_epoch(dp, sharding=(2, 1), remaining=(earlier,))
+        rank0 = replace(
+            rank1,
+            sharding=(2, 0),
+            delivered=6,
+            workers=(WorkerPosition(3, taken=4), WorkerPosition(3, taken=4)),
         )
+        state = replace(rank1, ranks=(rank0, rank1))
         pending = plan(state, dp, 1, elastic=True)
         assert pending.checkpoint.remaining == (earlier, Level((4, 4, 3, 2), (0, 0, 0, 0)))
         assert pending.checkpoint.seed == state.seed, "one rank now: rank 0's seeds are the shared stream's"

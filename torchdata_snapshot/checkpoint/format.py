@@ -47,8 +47,9 @@ Keys (``Checkpoint.to_plain()``)::
     remaining     what earlier elastic resumes of this epoch had delivered, one ``Level`` per
                   resume: {"whole": elements handed on whole, "partial": items handed on of the
                   next element}, one count per sharding instance in each (elastic resume)
-    ranks         every rank's per-worker ["taken", "partial"], by rank (``gather_elastic_state``),
-                  or None (not gathered; a job of one rank does not need it)
+    ranks         every rank's own state (these keys, "ranks" None) by rank (``gather_elastic_state``),
+                  or None (not gathered): a rank of a job of the same world size resumes its own
+                  exactly; another world size deals the rest of the epoch from every rank's positions
     checksum      digest of all the above; any change to the state is detected
 
 Digests are ``None`` where replay verification was off, or nothing was delivered. Only this
@@ -62,7 +63,7 @@ import hashlib
 import json
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Literal, Optional, Tuple
 
 from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
@@ -83,9 +84,9 @@ __all__ = [
 ]
 
 FORMAT = "torchdata_snapshot.MultiProcessingReadingService"
-#: 9: epochs are seeded as torchdata seeds them, the generator advanced after (the seeds an
-#: earlier version recorded would restore other data).
-FORMAT_VERSION = 9
+#: 10: a gathered state holds every rank's whole state, not only its positions (a version-9
+#: gathered state resumed another rank with the rank's own stream).
+FORMAT_VERSION = 10
 
 #: Where the run stood: no epoch started yet, in an epoch, or the epoch's end reached the user.
 Status = Literal["idle", "in_epoch", "finished"]
@@ -157,7 +158,15 @@ class Checkpoint:
     #: ``(world_size, rank)`` of the sharding, ``None`` if unknown.
     sharding: Optional[Tuple[int, int]] = (1, 0)
     remaining: Tuple[Level, ...] = ()
-    ranks: Optional[Tuple[Tuple[ShardingProgress, ...], ...]] = None
+    #: Every rank's own state (each with ``ranks`` ``None``), by rank, when gathered.
+    ranks: Optional[Tuple[Checkpoint, ...]] = None
+
+    def for_rank(self, sharding: Tuple[int, int]) -> Checkpoint:
+        """The state rank ``sharding[1]`` of a job of ``sharding[0]`` ranks resumes: this one, or if
+        gathered in a job of as many ranks, that rank's own entry (still gathered, for elastic)."""
+        if self.ranks is None or self.sharding is None or self.sharding[0] != sharding[0]:
+            return self
+        return replace(self.ranks[sharding[1]], ranks=self.ranks)
 
     def to_plain(self) -> Dict[str, Any]:
         plain: Dict[str, Any] = {
@@ -194,9 +203,7 @@ class Checkpoint:
             "remaining": [
                 {"whole": list(level.whole), "partial": list(level.partial)} for level in self.remaining
             ],
-            "ranks": None
-            if self.ranks is None
-            else [[list(worker) for worker in rank] for rank in self.ranks],
+            "ranks": None if self.ranks is None else [rank.to_plain() for rank in self.ranks],
         }
         plain["checksum"] = _checksum(plain)
         return plain
@@ -287,16 +294,8 @@ class Checkpoint:
                 f"'delivered' ({delivered}) must be what the workers' streams delivered, "
                 f"{sum(p.delivered for p in positions)}"
             )
-        sharding, ranks = _sharding(state["sharding"]), _ranks(state["ranks"], num_workers)
-        if ranks is not None and (
-            sharding is None
-            or len(ranks) != sharding[0]
-            or list(ranks[sharding[1]]) != [(p.taken, p.partial) for p in positions]
-        ):
-            raise InvalidCheckpointError(
-                "'ranks' must list every rank's sharding positions, this rank's as in 'workers'"
-            )
-        return cls(
+        sharding = _sharding(state["sharding"])
+        own = cls(
             num_workers=num_workers,
             graph=graph,
             epoch=epoch,
@@ -309,8 +308,10 @@ class Checkpoint:
             next_worker=next_worker,
             sharding=sharding,
             remaining=_remaining(state["remaining"]),
-            ranks=ranks,
         )
+        if state["ranks"] is None:
+            return own
+        return replace(own, ranks=_ranks(state["ranks"], own))
 
     def check_fits(self, num_workers: int, graph: GraphIdentity, sharding: Tuple[int, int] = (1, 0)) -> None:
         """Raise :class:`IncompatibleCheckpointError` unless this state fits the given service
@@ -328,6 +329,13 @@ class Checkpoint:
                 f"world_size={sharding[0]}: each rank's position belongs to its shard, so an exact resume "
                 "keeps the world size; MultiProcessingReadingService(..., elastic=True) resumes the epoch "
                 "with another one (see torchdata_snapshot.gather_elastic_state)"
+            )
+        if self.sharding is not None and self.sharding[1] != sharding[1]:
+            raise IncompatibleCheckpointError(
+                f"the checkpoint was taken on rank {self.sharding[1]} of {self.sharding[0]}, this is rank "
+                f"{sharding[1]}: each rank's position belongs to its shard, so every rank loads the state "
+                "it took itself (a file or key per rank), or the state "
+                "torchdata_snapshot.gather_elastic_state(dl.state_dict()) returns, which resumes any rank"
             )
         self.check_graph(graph)
 
@@ -397,12 +405,12 @@ def _sharding(value: Any) -> Optional[Tuple[int, int]]:
     return world_size, rank
 
 
-def _counts(value: Any, where: str, length: Optional[int] = None, optional: bool = False) -> Tuple[Any, ...]:
-    """A list of non-negative ints (or ``None`` where ``optional``), of ``length`` if given."""
+def _counts(value: Any, where: str, length: Optional[int] = None) -> Tuple[int, ...]:
+    """A list of non-negative ints, of ``length`` if given."""
     if (
         not isinstance(value, list)
         or (length is not None and len(value) != length)
-        or not all((optional and v is None) or (_is_int(v) and v >= 0) for v in value)
+        or not all(_is_int(v) and v >= 0 for v in value)
     ):
         wanted = f"{length} " if length is not None else ""
         raise InvalidCheckpointError(
@@ -427,20 +435,33 @@ def _remaining(value: Any) -> Tuple[Level, ...]:
     return tuple(levels)
 
 
-def _ranks(value: Any, num_workers: int) -> Optional[Tuple[Tuple[ShardingProgress, ...], ...]]:
-    if value is None:
-        return None
-    if not isinstance(value, list) or not value:
-        raise InvalidCheckpointError(f"'ranks' must be a non-empty list or None, got {value!r:.200}")
-    for r, rank in enumerate(value):
-        if not isinstance(rank, list) or len(rank) != num_workers:
+def _ranks(value: Any, own: Checkpoint) -> Tuple[Checkpoint, ...]:
+    """Every rank's state of a gathered one: one per rank of ``own``'s job, each of that rank,
+    not gathered itself, of the same epoch and layout, and ``own``'s rank's equal to ``own``."""
+    count = own.sharding[0] if own.sharding else None
+    if own.sharding is None or not isinstance(value, list) or len(value) != count:
+        raise InvalidCheckpointError(
+            f"'ranks' must list the state of every rank of the job's {count} ranks or be None"
+        )
+    ranks = []
+    for r, plain in enumerate(value):
+        try:
+            rank = Checkpoint.from_plain(plain)
+        except InvalidCheckpointError as e:
+            raise InvalidCheckpointError(f"ranks[{r}]: {e}") from None
+        if (
+            rank.ranks is not None
+            or rank.sharding != (own.sharding[0], r)
+            or (rank.epoch, rank.status, rank.num_workers) != (own.epoch, own.status, own.num_workers)
+            or rank.graph.fingerprint != own.graph.fingerprint
+        ):
             raise InvalidCheckpointError(
-                f"ranks[{r}] must list {num_workers} [taken, partial], got {rank!r:.200}"
+                f"ranks[{r}] must be rank {r}'s own state, of the same epoch, workers and pipeline"
             )
-    return tuple(
-        tuple(_counts(pair, f"ranks[{r}][{w}]", 2, optional=True) for w, pair in enumerate(rank))
-        for r, rank in enumerate(value)
-    )
+        ranks.append(rank)
+    if ranks[own.sharding[1]] != own:
+        raise InvalidCheckpointError(f"ranks[{own.sharding[1]}] must be this rank's own state")
+    return tuple(ranks)
 
 
 def _arguments(value: Any) -> Optional[Arguments]:

@@ -107,6 +107,7 @@ def plan_restore(
     Raises :class:`~torchdata_snapshot.IncompatibleCheckpointError` if the state does not fit
     the graph or the service's layout (and cannot resume elastically).
     """
+    state = state.for_rank(sharding)
     same_layout = state.num_workers == num_workers and (
         state.sharding is None or state.sharding[0] == sharding[0]
     )

@@ -183,7 +183,7 @@ def resume_levels(state: Checkpoint, datapipe: DataPipe) -> Tuple[Level, ...]:
         raise IncompatibleCheckpointError(f"the checkpoint cannot resume elastically: {reason}")
     world_size, _ = state.sharding
     if world_size == 1:
-        ranks: Sequence[Sequence[ShardingProgress]] = [[(w.taken, w.partial) for w in state.workers]]
+        ranks: Sequence[Sequence[ShardingProgress]] = [_progress(state)]
     elif state.ranks is None:
         raise IncompatibleCheckpointError(
             f"the checkpoint of a job of {world_size} ranks holds only its own rank's positions: to resume "
@@ -191,7 +191,7 @@ def resume_levels(state: Checkpoint, datapipe: DataPipe) -> Tuple[Level, ...]:
             "torchdata_snapshot.gather_elastic_state(dl.state_dict()) returns (called on every rank)"
         )
     else:
-        ranks = state.ranks
+        ranks = [_progress(rank) for rank in state.ranks]
     progress = [p for rank in ranks for p in rank]
     if any(taken is None for taken, _ in progress):
         raise IncompatibleCheckpointError(
@@ -207,6 +207,11 @@ def resume_levels(state: Checkpoint, datapipe: DataPipe) -> Tuple[Level, ...]:
         )
     last = [_level_entry(taken, partial if expands else None) for taken, partial in progress]  # type: ignore[arg-type]
     return (*state.remaining, Level(tuple(w for w, _ in last), tuple(p for _, p in last)))
+
+
+def _progress(state: Checkpoint) -> Tuple[ShardingProgress, ...]:
+    """``(taken, partial)`` of each worker of ``state``."""
+    return tuple((w.taken, w.partial) for w in state.workers)
 
 
 def _level_entry(taken: int, partial: Optional[int]) -> Tuple[int, int]:
@@ -238,13 +243,17 @@ def _why_replayed_in_main(state: Checkpoint, datapipe: DataPipe) -> str:
 
 
 def gather_elastic_state(state_dict: Dict[str, Any], group: Optional[Any] = None) -> Dict[str, Any]:
-    """This rank's ``DataLoader2.state_dict()``, completed with every rank's sharding positions,
-    so that it can resume any rank of a job with another world size or ``num_workers``
-    (``MultiProcessingReadingService(..., elastic=True)``).
+    """This rank's ``DataLoader2.state_dict()``, completed with every rank's state, so that it
+    resumes any rank of a new job: exactly, each rank from its own part, with the same world
+    size; elastically (``MultiProcessingReadingService(..., elastic=True)``), with another
+    world size or ``num_workers``.
 
     Collective over ``group`` (default: the whole job, through ``torch.distributed``): every
-    rank calls it with its own state dict, at the same step. What travels is a few integers per
-    worker. A job of one rank does not need it (its state already holds everything).
+    rank calls it with its own state dict, at the same step. What travels, and what the result
+    holds, is every rank's reading-service state (counters, seeds and its workers' DataPipe
+    states): the result is about ``world_size`` times this rank's, and the same on every rank
+    but for the pipeline and seeds ``DataLoader2`` stores beside it, so one rank may save it
+    for all. A job of one rank does not need it (its state already holds everything).
 
     Args:
         state_dict: this rank's ``DataLoader2.state_dict()``.
@@ -252,38 +261,35 @@ def gather_elastic_state(state_dict: Dict[str, Any], group: Optional[Any] = None
             group).
 
     Returns:
-        ``state_dict`` with every rank's positions; it resumes any rank of the new job.
+        ``state_dict`` with every rank's state; it resumes any rank of the new job.
     """
     import torch.distributed as dist
 
     plain, put_back = _own_state(state_dict)
-    mine = Checkpoint.from_plain(plain)
+    mine = replace(Checkpoint.from_plain(plain), ranks=None)
     if mine.sharding is None:
         raise IncompatibleCheckpointError(
             "the state was taken by a version that did not record sharding positions"
         )
     gathered: List[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(
-        gathered,
-        (mine.sharding[1], mine.epoch, mine.status, [(w.taken, w.partial) for w in mine.workers]),
-        group,
-    )
-    by_rank = dict((rank, rest) for rank, *rest in gathered)
+    dist.all_gather_object(gathered, mine.to_plain(), group)
+    states = [Checkpoint.from_plain(plain) for plain in gathered]
     world_size = mine.sharding[0]
-    if sorted(by_rank) != list(range(world_size)) or len(gathered) != world_size:
+    by_rank = {state.sharding[1]: state for state in states if state.sharding is not None}
+    if sorted(by_rank) != list(range(world_size)) or len(states) != world_size:
         raise IncompatibleCheckpointError(
             f"gather_elastic_state needs one state per rank of the job's {world_size} ranks, got ranks "
-            f"{sorted(rank for rank, *_ in gathered)}"
+            f"{[state.sharding and state.sharding[1] for state in states]}"
         )
-    if any((epoch, status) != (mine.epoch, mine.status) for epoch, status, _ in by_rank.values()):
+    if any((s.epoch, s.status) != (mine.epoch, mine.status) for s in states):
         raise IncompatibleCheckpointError(
             "gather_elastic_state: the ranks' states belong to different epochs "
-            f"({sorted((rank, e, s) for rank, (e, s, _) in by_rank.items())}); call it at one step on "
+            f"({sorted((r, s.epoch, s.status) for r, s in by_rank.items())}); call it at one step on "
             "every rank"
         )
-    if any(len(taken) != mine.num_workers for _, _, taken in by_rank.values()):
+    if any(s.num_workers != mine.num_workers for s in states):
         raise IncompatibleCheckpointError("gather_elastic_state: the ranks have different numbers of workers")
-    ranks = tuple(tuple(by_rank[rank][2]) for rank in range(world_size))
+    ranks = tuple(by_rank[rank] for rank in range(world_size))
     return put_back(replace(mine, ranks=ranks).to_plain())
 
 
