@@ -9,6 +9,7 @@ from typing import Any, Dict, Iterator, List
 from torch.testing._internal.common_utils import TestCase
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
+from torchdata.datapipes.map import SequenceWrapper
 
 from torchdata_snapshot._errors import StateCaptureError
 from torchdata_snapshot.core.graph import (
@@ -73,6 +74,11 @@ class TestGraph(TestCase):
         end = IterableWrapper(range(5)).map(_double).batch(2)
         list(end)
         self.assertEqual(list(datapipe_yields(graph_datapipes(end)).values()), [3, 5, 5])
+
+    def test_a_map_style_datapipe_keeps_no_yield_count(self) -> None:
+        end = SequenceWrapper(range(5)).map(_double).to_iter_datapipe()
+        list(end)
+        self.assertEqual(datapipe_yields(graph_datapipes(end)), {"0:MapToIterConverterIterDataPipe": 5})
 
     def test_datapipes_with_threads_are_paused_output_first_and_resumed_in_reverse(self) -> None:
         log: List[str] = []

@@ -9,6 +9,7 @@ import pickle
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
 
+from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
 from torchdata.dataloader2.graph import DataPipe, find_dps, list_dps, traverse_dps
 
@@ -44,8 +45,9 @@ def graph_datapipes(datapipe: DataPipe) -> List[Tuple[str, DataPipe]]:
 
 
 def datapipe_yields(graph: List[Tuple[str, DataPipe]]) -> Dict[str, int]:
-    """How many items each DataPipe of ``graph`` yielded this epoch (torchdata's own counter)."""
-    return {key: samples_yielded(dp) for key, dp in graph}
+    """How many items each DataPipe of ``graph`` yielded this epoch (torchdata's own counter); a
+    MapDataPipe keeps none, and is absent."""
+    return {key: samples_yielded(dp) for key, dp in graph if isinstance(dp, IterDataPipe)}
 
 
 def pausable(datapipes: Iterable[DataPipe]) -> List[DataPipe]:
