@@ -134,6 +134,8 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (repo / "test" / "dataloader2").mkdir(parents=True)
     (repo / "test" / "requirements.txt").write_text("pytest\nexpecttest\npsutil\n")
     (repo / "test" / "dataloader2" / "test_mprs.py").write_text("# upstream's tests live here\n")
+    # upstream's test folders are not packages; this name is one of upstream's tests (test/test_graph.py)
+    (repo / "test" / "test_graph.py").write_text("def test_upstreams_graph():\n    pass\n")
     (repo / ".gitignore").write_text("*.so\n")
     # The formatters' settings a checkout has (black at 120 columns, usort's first-party rule).
     (repo / "pyproject.toml").write_text(
@@ -1158,3 +1160,20 @@ def test_a_commit_deletes_upstreams_definitions_once_nothing_uses_them() -> None
     used = upstream + "\n\nDEFAULT = Old\n"
     with pytest.raises(errors.UpstreamLayoutError, match="cannot be deleted: the rest of the file uses them"):
         rewrite.without_definitions(used, ["Old"])
+
+
+def test_a_test_file_named_as_one_of_upstreams_is_refused_and_changes_nothing(
+    checkout: Path, tools_bin: Path
+) -> None:
+    """torchdata's test folders are not packages: a second test_messages.py under test/ (the
+    series adds one in its third commit) would break ``pytest test`` at collection."""
+    (checkout / "test" / "test_messages.py").write_text("def test_upstreams_messages():\n    pass\n")
+    git(checkout, "add", "-A")
+    git(checkout, "commit", "-q", "-m", "a test_messages.py of upstream's")
+    before = state(checkout)
+    with pytest.raises(
+        tool("errors").UpstreamLayoutError,
+        match=r"snapshot/test_messages.py would have the name of test/test_messages.py: .*\[tests\] rename",
+    ):
+        tool("series").export(checkout, tools=tools_bin)
+    assert state(checkout) == before

@@ -265,9 +265,25 @@ class SeriesWriter:
     def test(self, file: str, part: int, parts: int, without: Sequence[str] = ()) -> str:
         source = rewrite_test((TESTS_DIR / file).read_text(), self.manifest)
         text = without_tests(source, without) if without else test_slices(source, parts)[part - 1]
-        return self._write(
-            f"{self.manifest.test_destination}/{self.manifest.test_name(file)}", LICENSE + text
+        relative = f"{self.manifest.test_destination}/{self.manifest.test_name(file)}"
+        self._check_unshadowed(relative)
+        return self._write(relative, LICENSE + text)
+
+    def _check_unshadowed(self, relative: str) -> None:
+        """torchdata's test folders are not packages: pytest imports each test file by its
+        basename, so two files of one name under ``test/`` fail ``pytest test`` at collection."""
+        name = Path(relative).name
+        same = sorted(
+            str(path.relative_to(self.checkout))
+            for path in (self.checkout / "test").rglob(name)
+            if path != self.checkout / relative
         )
+        if same:
+            raise UpstreamLayoutError(
+                f"{relative} would have the name of {', '.join(same)}: pytest imports both as "
+                f"{Path(name).stem} and `pytest test` fails at collection; rename it in series.toml's "
+                "[tests] rename"
+            )
 
     def helper(self, file: str) -> str:
         if file == "conftest.py":
@@ -362,12 +378,18 @@ def _conftest(manifest: Manifest) -> str:
     if new:
         options = _insert_imports(options, "\n".join(new))
     merged = options.rstrip() + "\n\n\n# --- fixtures ---\n\n" + "".join(lines).lstrip()
-    return merged.replace(
-        "    settings.load_profile(",
-        '    config.addinivalue_line("markers", "full_matrix: the exhaustive contract matrix")\n'
-        '    config.addinivalue_line("markers", "slow: tests that take more than a few seconds")\n'
-        "    settings.load_profile(",
-    )
+    # torchdata has no pytest configuration of its own: the markers are registered here.
+    if merged.count(CONFIGURE) != 1:
+        raise UpstreamLayoutError(f"the tests' conftest.py must define {CONFIGURE.strip()!r} once")
+    return merged.replace(CONFIGURE, CONFIGURE + "".join(MARKERS))
+
+
+#: Where the exported conftest registers the suite's markers.
+CONFIGURE = "def pytest_configure(config: pytest.Config) -> None:\n"
+MARKERS = (
+    '    config.addinivalue_line("markers", "full_matrix: the exhaustive contract matrix")\n',
+    '    config.addinivalue_line("markers", "slow: tests that take more than a few seconds")\n',
+)
 
 
 def _body(source: str) -> str:
