@@ -60,8 +60,11 @@ def samples() -> List[Any]:
     ]  # fmt: skip
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass
 class Slotted:
+    """A dataclass with ``__slots__``, no ``__dict__`` (written out: ``dataclass(slots=True)`` needs 3.10)."""
+
+    __slots__ = ("number", "name")
     number: int
     name: str
 

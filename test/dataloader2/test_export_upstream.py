@@ -272,6 +272,26 @@ def test_at_the_rfcs_tip_two_workers_answer_snapshot_mid_epoch(series: Path) -> 
 
 
 @series_test
+def test_upstreams_ci_command_collects_at_the_rfcs_tip_and_the_stacks(series: Path) -> None:
+    """``pytest test``, as upstream's CI runs it: no test file of the series has the name of one
+    of upstream's (its test folders are not packages), and every mark is registered."""
+    check = tool("check")
+    assert check.collection_errors(series, TAG) == ([], [])
+    for tip in ("series-1", "series"):
+        assert check.collection_errors(series, tip) == ([], []), tip
+    git(series, "checkout", "-q", "series")
+
+
+@series_test
+def test_every_file_the_stack_adds_or_changes_runs_on_python39(series: Path) -> None:
+    report = tool("check").Report()
+    for tip in ("series-1", "series"):
+        tool("check").check_python39(series, TAG, tip, report)
+    git(series, "checkout", "-q", "series")
+    assert not report.problems, report.problems
+
+
+@series_test
 def test_the_streaming_pull_request_snapshots_and_restarts_a_restored_epoch(series: Path) -> None:
     """At the streaming transport's tip the queue-based loop is gone and nothing checkpoints:
     snapshot() answers, DataLoader2.state_dict() records no position (a restored loader starts
@@ -1177,3 +1197,37 @@ def test_a_test_file_named_as_one_of_upstreams_is_refused_and_changes_nothing(
     ):
         tool("series").export(checkout, tools=tools_bin)
     assert state(checkout) == before
+
+
+@pytest.mark.parametrize(
+    "source, found",
+    [
+        (
+            "import dataclasses\n@dataclasses.dataclass(slots=True)\nclass A:\n    x: int\n",
+            ["dataclass(slots=...)"],
+        ),
+        (
+            "from dataclasses import dataclass\n@dataclass(kw_only=True)\nclass A:\n    x: int\n",
+            ["kw_only"],
+        ),
+        ("def f(x: int | None) -> str | None:\n    pass\n", ["annotation X | Y", "annotation X | Y"]),
+        ("from __future__ import annotations\ndef f(x: int | None) -> str | None:\n    pass\n", []),
+        ("import typing\nx: typing.List[int] | None = None\n", ["annotation X | Y"]),
+        ("def f(x):\n    return isinstance(x, int | str)\n", ["isinstance() with X | Y"]),
+        ("def f(x):\n    return isinstance(x, (int, str)) and x | 1\n", []),
+        ("from typing import ParamSpec, List\n", ["typing.ParamSpec"]),
+        ("pairs = list(zip([1], [2], strict=True))\n", ["zip(strict=...)"]),
+    ],
+)
+def test_what_python39_lacks_at_run_time_is_found(source: str, found: List[str]) -> None:
+    problems = tool("py39").runtime_problems(source, "m.py")
+    assert len(problems) == len(found), problems
+    for problem, what in zip(problems, found):
+        assert problem.startswith("m.py:") and what in problem, problem
+
+
+def test_what_python39_cannot_parse_is_found(tmp_path: Path) -> None:
+    bad, good = tmp_path / "bad.py", tmp_path / "good.py"
+    bad.write_text("def f(x):\n    match x:\n        case 1:\n            pass\n")
+    good.write_text("def f(x):\n    return x\n")
+    assert [p.split(":")[0] for p in tool("py39").syntax_problems([bad, good])] == [str(bad)]

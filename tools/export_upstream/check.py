@@ -10,9 +10,10 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from manifest import PACKAGE
+from py39 import runtime_problems, syntax_problems
 from series import _git
 
 #: Files the series must change in place (the RFC's messages, worker loop and reading service).
@@ -24,6 +25,10 @@ IN_PLACE = (
 MIN_COMMITS = 15
 #: The first pull request, the snapshot RFC, is reviewed as one piece: one commit's worth of lines.
 RFC_MAX_LINES = 800
+
+#: The pytest plugin that makes spawn the default start method (macOS's and Windows'), by module name.
+SPAWN_PLUGIN = "spawn_start"
+HERE = Path(__file__).resolve().parent
 
 #: Upstream's flake8 settings (its .flake8), for a checkout that lacks the file.
 FLAKE8_DEFAULTS = [
@@ -214,6 +219,80 @@ def check_tests(
     _git(checkout, "checkout", "-q", branch)
 
 
+def collection_errors(checkout: Path, sha: str) -> Tuple[List[str], List[str]]:
+    """Upstream CI's own command, ``pytest test``, collecting only at ``sha``: the files that fail
+    to collect, and the warnings about unknown marks."""
+    _git(checkout, "checkout", "-q", sha)
+    done = _run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "test"],
+        checkout,
+        env={**os.environ, "PYTHONPATH": str(checkout)},
+        timeout=900,
+    )
+    output = done.stdout + done.stderr
+    errors = sorted(set(re.findall(r"^ERROR (\S+)", output, re.MULTILINE)))
+    return errors, sorted(set(re.findall(r"PytestUnknownMarkWarning: (Unknown pytest\.mark\.\w+)", output)))
+
+
+def check_collection(checkout: Path, base: str, tips: Sequence[str], report: Report) -> None:
+    """At each of ``tips``, ``pytest test`` collects with no error the base does not have and
+    knows every mark (a test file named as one of upstream's fails here: torchdata's test
+    folders are not packages)."""
+    before, _ = collection_errors(checkout, base)
+    for tip in tips:
+        errors, marks = collection_errors(checkout, tip)
+        new = [e for e in errors if e not in before]
+        if new or marks:
+            report.fail(f"pytest --collect-only test at {tip}: new errors {new}, {marks}")
+        else:
+            report.note(f"pytest --collect-only test at {tip}: no error the base lacks ({len(before)} there)")
+    _git(checkout, "checkout", "-q", tips[-1] if tips else base)
+
+
+def check_python39(checkout: Path, base: str, tip: str, report: Report) -> None:
+    """Every Python file the series adds or changes up to ``tip`` parses under Python 3.9 and
+    uses nothing 3.9 lacks at run time (upstream's CI runs 3.9 to 3.12)."""
+    _git(checkout, "checkout", "-q", tip)
+    files = [
+        checkout / p
+        for p in _git(checkout, "diff", "--name-only", "--diff-filter=AM", f"{base}..{tip}").splitlines()
+        if p.endswith(".py")
+    ]
+    problems = syntax_problems(files)
+    for path in files:
+        problems += runtime_problems(path.read_text(), str(path.relative_to(checkout)))
+    if problems:
+        report.fail("Python 3.9: " + "\n".join(problems[:30]))
+    report.note(f"Python 3.9: {len(files)} files checked at {tip}")
+
+
+def check_spawned_tests(checkout: Path, tips: Sequence[str], report: Report) -> None:
+    """``pytest test/dataloader2`` at each of ``tips`` with spawn as the default start method."""
+    for tip in tips:
+        _git(checkout, "checkout", "-q", tip)
+        done = _run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "test/dataloader2",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-W",
+                "ignore",
+            ]
+            + ["-p", SPAWN_PLUGIN],
+            checkout,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(checkout), str(HERE)])},
+        )
+        summary = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
+        if done.returncode:
+            report.fail(f"test/dataloader2 under spawn at {tip}: {summary}\n{done.stdout[-3000:]}")
+        else:
+            report.note(f"test/dataloader2 under spawn at {tip}: {summary}")
+
+
 def check_all(
     checkout: Path,
     base: str,
@@ -237,6 +316,13 @@ def check_all(
             check_lint(checkout, base, tip, tools, report)
     if which:
         check_tests(checkout, base, branch, sys.executable, which, report)
+    # The heavy checks, at the RFC's tip and the stack's: what upstream's CI runs on every platform.
+    ends = list(dict.fromkeys([stack[0], stack[-1]] if stack else [branch]))
+    check_collection(checkout, base, ends, report)
+    for tip in ends:
+        check_python39(checkout, base, tip, report)
+    check_spawned_tests(checkout, ends, report)
+    _git(checkout, "checkout", "-q", branch)
     return report
 
 
