@@ -292,6 +292,39 @@ def test_every_file_the_stack_adds_or_changes_runs_on_python39(series: Path) -> 
 
 
 @series_test
+@pytest.mark.parametrize("tip", ["series-1", "series"])
+def test_snapshot_holds_on_the_graphs_upstream_runs_under_spawn(series: Path, tip: str) -> None:
+    """The RFC's tests (map-style DataPipes, fork/demux/mux, a dispatching process, DataPipes of
+    one's own, a dead worker; fork, spawn and forkserver) at the RFC's tip and the stack's, with
+    spawn, macOS's and Windows' default start method, as the default."""
+    git(series, "checkout", "-q", tip)
+    tests = ["test/dataloader2/test_mprs_snapshot.py"]
+    if tip == "series-1":
+        tests.append("test/dataloader2/test_get_state.py")
+    try:
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "ignore",
+            "-p",
+            "spawn_start",
+        ]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(series), str(TOOL)])}
+        done = subprocess.run(
+            [*command, *tests], cwd=series, env=env, capture_output=True, text=True, timeout=900
+        )
+    finally:
+        git(series, "checkout", "-q", "series")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert " passed" in done.stdout
+
+
+@series_test
 def test_the_streaming_pull_request_snapshots_and_restarts_a_restored_epoch(series: Path) -> None:
     """At the streaming transport's tip the queue-based loop is gone and nothing checkpoints:
     snapshot() answers, DataLoader2.state_dict() records no position (a restored loader starts
@@ -1180,6 +1213,31 @@ def test_a_commit_deletes_upstreams_definitions_once_nothing_uses_them() -> None
     used = upstream + "\n\nDEFAULT = Old\n"
     with pytest.raises(errors.UpstreamLayoutError, match="cannot be deleted: the rest of the file uses them"):
         rewrite.without_definitions(used, ["Old"])
+
+
+def test_a_replaced_method_keeps_upstreams_signature_unless_ours_adds_parameters() -> None:
+    """A fragment's method replaces upstream's where it stands: with upstream's signature, or
+    with the fragment's when it takes more (defaulted) parameters, so both callers work."""
+    upstream = (
+        "class Client:\n"
+        "    def get(self, key: 'Key'):\n"
+        "        return self.table[key]\n\n"
+        "    def drop(self):\n"
+        "        self.table.clear()\n"
+    )
+    fragment = (
+        'TARGET = "torchdata/client.py"\n\n\n'
+        "class Client:\n"
+        "    def get(self, key):\n"
+        "        return self.table.get(key)\n\n"
+        "    def drop(self, block=True):\n"
+        "        self.table.clear() if block else None\n"
+    )
+    text = tool("splice").splice(upstream, fragment)
+    compile(text, "client.py", "exec")
+    assert "    def get(self, key: 'Key'):\n        return self.table.get(key)\n" in text
+    assert "    def drop(self, block=True):\n        self.table.clear() if block else None\n" in text
+    assert "def drop(self):" not in text
 
 
 def test_a_test_file_named_as_one_of_upstreams_is_refused_and_changes_nothing(

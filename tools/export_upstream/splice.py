@@ -167,16 +167,25 @@ def _replaced_methods(
     lines: List[str], our_lines: List[str], upstream: ast.ClassDef, ours: ast.ClassDef
 ) -> List[Replacement]:
     """Our methods that upstream's class defines too, in place of upstream's: upstream's
-    signature (its annotations, in the terms of its file) and our body."""
+    signature (its annotations, in the terms of its file) and our body; our signature where
+    ours adds parameters (with defaults, so that upstream's callers stay valid)."""
     theirs = {n.name: n for n in upstream.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     found: List[Replacement] = []
     for node in ours.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in theirs:
             their = theirs[node.name]
-            signature = "".join(lines[_start(their) : their.body[0].lineno - 1])
+            if _parameters(node) == _parameters(their):
+                signature = "".join(lines[_start(their) : their.body[0].lineno - 1])
+            else:
+                signature = "".join(our_lines[_start(node) : node.body[0].lineno - 1])
             body = "".join(our_lines[node.body[0].lineno - 1 : node.end_lineno])
             found.append((_start(their), their.end_lineno or their.lineno, signature + body))
     return found
+
+
+def _parameters(node: ast.AST) -> List[str]:
+    arguments = node.args  # type: ignore[attr-defined]
+    return [a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)]
 
 
 def _with_bases(lines: List[str], upstream: ast.ClassDef, ours: ast.ClassDef) -> Replacement:

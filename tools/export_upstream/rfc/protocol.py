@@ -6,6 +6,15 @@ TARGET = "torchdata/dataloader2/communication/protocol.py"
 
 
 class ProtocolClient:
+    def discard_existing_request(self, block=True):
+        """Drop the answer to the request in flight; with ``block=False``, raise ``EmptyQueue`` while it has not come."""
+        if self.waiting_for_response():
+            try:
+                response = self.response_queue.get(block=block)
+            except EmptyException:
+                raise EmptyQueue("queue is empty")
+            self.request_served(response)
+
     def request_get_state(self):
         if not self.can_take_request():
             raise Exception("Can not request the state while we are still waiting response for previous request")

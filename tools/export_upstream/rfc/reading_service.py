@@ -9,9 +9,13 @@ from torchdata.dataloader2.worker_snapshot import WorkerSnapshot
 
 TARGET = "torchdata/dataloader2/reading_service.py"
 
-#: Statements that end MultiProcessingReadingService's methods (before their ``return``): the pause a snapshot must
-#: not undo, and the epoch the workers' snapshots are of.
+#: Statements that end MultiProcessingReadingService's methods (before their ``return``): the consumer's waits check
+#: the processes that answer them, the pause a snapshot must not undo, and the epoch the workers' snapshots are of.
 AT_END = (
+    (
+        "MultiProcessingReadingService.initialize",
+        "self._worker_consumer_datapipe.check_alive = self._check_workers  # type: ignore[union-attr]",
+    ),
     ("MultiProcessingReadingService.initialize_iteration", "self._epoch += 1"),
     ("MultiProcessingReadingService._pause", "self._paused = True"),
     ("MultiProcessingReadingService._resume", "self._paused = False"),
@@ -37,6 +41,7 @@ class MultiProcessingReadingService:
         if not self._mp:
             return [_in_process_snapshot(self._end_datapipe, self._epoch)]
         assert self._worker_consumer_datapipe is not None
+        self._check_processes()
         paused = self._paused
         if not paused:
             self._pause()
@@ -64,6 +69,23 @@ class MultiProcessingReadingService:
             snapshots.append(_dispatcher_snapshot(loops, self._epoch, paused))
         return snapshots
 
+    def _check_workers(self) -> None:
+        """Raise ``RuntimeError`` naming the first worker process that has exited: it would never
+        answer the request the main process waits for."""
+        for worker_id, (process, _, _) in enumerate(self._worker_processes):
+            _check_alive(f"worker {worker_id}", process)
+
+    def _check_processes(self) -> None:
+        """:meth:`_check_workers`, and the dispatching process, which answers the workers' requests."""
+        self._check_workers()
+        if self._dispatch_process is not None:
+            _check_alive("dispatching process", self._dispatch_process[0])
+
+
+def _check_alive(name: str, process) -> None:
+    if not process.is_alive():
+        raise RuntimeError(f"{name} (pid {process.pid}) exited unexpectedly with exit code {process.exitcode}")
+
 
 def _dispatcher_snapshot(loops: List[WorkerSnapshot], epoch: int, paused: bool) -> WorkerSnapshot:
     """The dispatching process's snapshot, from those of its loops (one per worker)."""
@@ -81,7 +103,7 @@ def _dispatcher_snapshot(loops: List[WorkerSnapshot], epoch: int, paused: bool) 
 
 def _in_process_snapshot(end_datapipe, epoch: int) -> WorkerSnapshot:
     """The snapshot of a graph that runs in the main process (``num_workers=0``)."""
-    produced = end_datapipe._number_of_samples_yielded
+    produced = getattr(end_datapipe, "_number_of_samples_yielded", 0)  # a MapDataPipe keeps no count
     return WorkerSnapshot(
         worker_id=0,
         role="in_process",

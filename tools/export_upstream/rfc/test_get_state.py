@@ -1,4 +1,5 @@
 import queue
+import threading
 import unittest
 from unittest import TestCase
 
@@ -16,6 +17,7 @@ from torchdata.dataloader2.communication.protocol import (
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.dataloader2.utils import WorkerInfo
 from torchdata.datapipes.iter import IterableWrapper, IterDataPipe
+from torchdata.datapipes.map import SequenceWrapper
 
 
 class _Counted(IterDataPipe):
@@ -35,6 +37,22 @@ class _Counted(IterDataPipe):
         return {"count": self.count}
 
 
+class _NoState(IterDataPipe):
+    """A DataPipe whose ``state_dict()`` raises, or returns what cannot be sent to another process."""
+
+    def __init__(self, source, unpicklable):
+        self.source = source
+        self.unpicklable = unpicklable
+
+    def __iter__(self):
+        yield from self.source
+
+    def state_dict(self):
+        if self.unpicklable:
+            return {"lock": threading.Lock()}
+        raise ValueError("no state here")
+
+
 class TestGetStateRequest(TestCase):
     r"""
     The queue-based loop of a worker answers ``GetStateRequest`` between two items, with the
@@ -45,9 +63,12 @@ class TestGetStateRequest(TestCase):
         requests, responses = queue.Queue(), queue.Queue()
         self.client = IterDataPipeQueueProtocolClient(requests, responses)
         self.server = IterDataPipeQueueProtocolServer(requests, responses)
-        self.datapipe = _Counted(IterableWrapper(range(10)))
+        self._serve(_Counted(IterableWrapper(range(10))))
+
+    def _serve(self, datapipe) -> None:
+        """The loop of worker 1 of 2, serving ``datapipe``."""
         self.loop = DataPipeBehindQueues(
-            self.datapipe,
+            datapipe,
             self.server,
             process_name="worker process",
             loop_id=1,
@@ -101,6 +122,18 @@ class TestGetStateRequest(TestCase):
         snapshot = self._state()
         self.assertTrue(snapshot.paused)
         self.assertEqual(snapshot.produced, 1)
+
+    def test_what_a_datapipe_cannot_give_is_absent_and_the_loop_goes_on(self) -> None:
+        source = SequenceWrapper(range(10)).to_iter_datapipe()  # a MapDataPipe keeps no count
+        self._serve(_NoState(_NoState(source, unpicklable=True), unpicklable=False))
+        self._reset()
+        self.assertEqual([self._next() for _ in range(2)], [0, 1])
+        snapshot = self._state()
+        self.assertEqual(snapshot.datapipe_states, {})
+        self.assertEqual(
+            snapshot.datapipe_yields, {"0:_NoState": 2, "1:_NoState": 2, "2:MapToIterConverterIterDataPipe": 2}
+        )
+        self.assertEqual(self._next(), 2, "the loop goes on with the next item")
 
     def test_a_state_only_answers_its_own_request(self) -> None:
         self.client.request_next()
