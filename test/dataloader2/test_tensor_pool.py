@@ -9,6 +9,7 @@ import io
 import mmap
 import os
 import unittest
+import warnings
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,23 @@ def as_the_usual_path_gives_it(obj: Any) -> Any:
     """``obj`` through the channel without a pool: pickled as the workers pickle their items."""
     (got,) = ItemDecoder.decode(1, ItemEncoder().dumps(obj), None)
     return got
+
+
+class Labelled(torch.Tensor):
+    """A tensor subclass: it crosses as itself, not as a view of a slot."""
+
+
+#: Tensors a slot cannot hold as a view, by kind.
+UNQUALIFIED = {
+    "nested": lambda: torch.nested.nested_tensor([torch.zeros(2), torch.ones(3)]),  # strided, yet nested
+    "sparse": lambda: torch.eye(3).to_sparse(),
+    "transposed": lambda: torch.arange(6.0).view(2, 3).t(),  # not contiguous
+    "subclass": lambda: torch.zeros(3).as_subclass(Labelled),
+}
+
+
+def values(tensor: torch.Tensor) -> Any:
+    return [t.tolist() for t in tensor.unbind()] if tensor.is_nested else tensor.to_dense().tolist()
 
 
 def read_only(array: np.ndarray) -> np.ndarray:
@@ -167,6 +185,18 @@ class TestTensorPool(SuiteTestCase):
         assert encoder.slot is None and pool.free_slots() == 1
         assert type(got) is type(array) and got.shape == array.shape
         assert list(got.ravel()) == list(array.ravel())
+
+    @parametrize("kind", sorted(UNQUALIFIED))
+    def test_tensors_that_do_not_qualify_take_the_usual_path(self, kind: str) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # nested tensors are a prototype
+            tensor = UNQUALIFIED[kind]()
+        pool = TensorPool(TensorPoolOptions(1, 1 << 16))
+        encoder = ItemEncoder(pool)
+        (got,) = ItemDecoder.decode(1, encoder.dumps(tensor), pool)
+        assert encoder.slot is None and pool.free_slots() == 1
+        assert type(got) is type(tensor) and got.layout == tensor.layout and got.is_nested == tensor.is_nested
+        assert values(got) == values(tensor)
 
     @parametrize(
         "array",

@@ -137,6 +137,7 @@ def _qualifies(t: Any) -> bool:
         type(t) is torch.Tensor
         and t.device.type == "cpu"
         and t.layout == torch.strided
+        and not t.is_nested  # strided too, but its storage holds several tensors' data
         and not t.requires_grad
         and not t.is_quantized
         and not t.is_conj()
