@@ -7,7 +7,7 @@ import multiprocessing
 import os
 import pickle
 import unittest
-from typing import Any, Callable
+from typing import Any, Callable, Dict, Iterator, Tuple
 
 import pytest
 from conftest import START_METHODS, start_methods
@@ -39,7 +39,7 @@ from torch.testing._internal.common_utils import (
     subtest,
 )
 from torchdata.dataloader2 import DataLoader2
-from torchdata.datapipes.iter import FileLister, IterableWrapper
+from torchdata.datapipes.iter import FileLister, IterableWrapper, IterDataPipe
 
 from torchdata_snapshot import (
     BatchingOptions,
@@ -81,6 +81,27 @@ ARGUMENT_CHANGES = {
         "DataPipe 0:MapperIterDataPipe: fn.factor was 2 in the checkpoint, is 3 now",
     ),
 }
+
+
+class ResetsItsCount(IterDataPipe):
+    """A DataPipe of one's own with state functions whose ``__iter__`` starts its count again, so
+    that a restore loses the count ``load_state_dict()`` loaded."""
+
+    def __init__(self, source: IterDataPipe) -> None:
+        self.source = source
+        self.count = 0
+
+    def __iter__(self) -> Iterator[Tuple[int, int]]:
+        self.count = 0
+        for x in self.source:
+            self.count += 1
+            yield x, self.count
+
+    def state_dict(self) -> Dict[str, int]:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        self.count = state["count"]
 
 
 def _write_lines(root: str) -> None:
@@ -274,6 +295,18 @@ class TestRestore(SuiteTestCase):
             list(restored(self.make_dl, state, rs(num_workers)))
         unchecked = restored(self.make_dl, state, rs(num_workers, verify_replay=False))
         assert len(list(unchecked)) == 50
+
+    def test_a_stateful_datapipe_of_ones_own_that_resets_in_iter_is_named_among_the_causes(self) -> None:
+        build = lambda: ResetsItsCount(IterableWrapper(range(60)).sharding_filter())  # noqa: E731
+        dl = self.make_dl(build(), rs(2, max_items_between_captures=1))
+        take(iter(dl), 20)
+        state = dl.state_dict()
+        with pytest.raises(
+            ReplayDivergenceError,
+            match=r"a DataPipe of your own that restores a state \(test_restore\.ResetsItsCount\) but "
+            r"does not continue, at its next __iter__, from the state load_state_dict\(\) loaded",
+        ):
+            list(restored(self.make_dl, state, rs(2, max_items_between_captures=1)))
 
     def test_a_hash_tokenizer_without_pythonhashseed_is_detected_and_named(self) -> None:
         """The classic divergence: ``hash()`` as tokenizer. Spawned workers take PYTHONHASHSEED from

@@ -13,13 +13,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
 
 from torchdata_snapshot._constants import REPLAY_PROGRESS_LOG_S
 from torchdata_snapshot._errors import ReplayDivergenceError
 from torchdata_snapshot.checkpoint.digest import chain, chain_hex
+from torchdata_snapshot.core.graph import describe_datapipe
 
-__all__ = ["ReplayProgressLog", "divergence_causes", "replay"]
+__all__ = ["ReplayProgressLog", "divergence_causes", "own_stateful", "replay"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +59,24 @@ class ReplayProgressLog:
         )
 
 
-def divergence_causes() -> str:
+def own_stateful(datapipes: Iterable[Any]) -> List[str]:
+    """The DataPipes of ``datapipes`` whose class, of the user's own, restores a state
+    (``load_state_dict``): named among the causes of a divergence, since one that resets what it
+    loaded in its next ``__iter__`` replays other items."""
+    own = [
+        dp
+        for dp in datapipes
+        if callable(getattr(type(dp), "load_state_dict", None))
+        and not type(dp).__module__.startswith(("torch.", "torchdata.", "torchdata_snapshot."))
+    ]
+    return [describe_datapipe(dp) for dp in own]
+
+
+def divergence_causes(stateful: Sequence[str] = ()) -> str:
     """What usually makes a pipeline replay other items, the cause this process can see first
     (``hash()`` of ``str`` and ``bytes`` is salted per process unless ``PYTHONHASHSEED`` fixes
-    it), and what ``verify_replay=False`` would cost."""
+    it; ``stateful``: DataPipes of the user's own that restore a state, see :func:`own_stateful`),
+    and what ``verify_replay=False`` would cost."""
     seed = os.environ.get("PYTHONHASHSEED")
     if seed is None or seed == "random":
         hashing = (
@@ -74,8 +89,15 @@ def divergence_causes() -> str:
             f"hash() of a str or bytes is fixed here (PYTHONHASHSEED={seed}): it was the same in the run "
             "that saved only if that run had the same PYTHONHASHSEED"
         )
+    own = (
+        f"; a DataPipe of your own that restores a state ({', '.join(stateful)}) but does not continue, at "
+        "its next __iter__, from the state load_state_dict() loaded (one that resets its counters in "
+        "__iter__; see docs/contract.rst, 'DataPipes of your own')"
+        if stateful
+        else ""
+    )
     return (
-        f"Usual causes: {hashing}; an unseeded source of randomness (random.Random() or "
+        f"Usual causes: {hashing}{own}; an unseeded source of randomness (random.Random() or "
         "numpy.random.default_rng() without a seed, os.urandom, uuid.uuid4, the time); a file read "
         "that changed since the checkpoint; items that hold the paths of a data directory that "
         "moved since; an order that is not fixed (of a set, of os.listdir). "
@@ -95,6 +117,7 @@ def replay(
     where: str,
     epoch: int,
     on_item: Optional[Callable[[int], None]] = None,
+    stateful: Sequence[str] = (),
 ) -> Optional[int]:
     """Produce and drop items ``start + 1 .. start + count`` of a stream from ``iterator``.
 
@@ -102,7 +125,8 @@ def replay(
     after the last replayed item is returned, and must equal ``expected`` (when both are known),
     or :class:`~torchdata_snapshot.ReplayDivergenceError` is raised: continuing would hand out
     other data. So is a stream that ends before ``start + count``. ``on_item(position)`` is called
-    after each item (a worker reports progress). ``where`` and ``epoch`` name the stream.
+    after each item (a worker reports progress). ``where`` and ``epoch`` name the stream;
+    ``stateful`` the DataPipes of the user's own that restore a state (:func:`own_stateful`).
     """
     for position in range(start + 1, start + count + 1):
         try:
@@ -111,7 +135,7 @@ def replay(
             raise ReplayDivergenceError(
                 f"{where}: the replayed stream of epoch {epoch} ended after {position - 1} items, but the "
                 f"checkpoint says the user had received {start + count} of them: the pipeline is not "
-                f"deterministic for its seeds. {divergence_causes()}"
+                f"deterministic for its seeds. {divergence_causes(stateful)}"
             ) from None
         if digest is not None:
             digest = chain(digest, item)
@@ -121,6 +145,6 @@ def replay(
         raise ReplayDivergenceError(
             f"{where}: items {start + 1}..{start + count} of epoch {epoch} replayed differently from those "
             f"the user received before the checkpoint (running digest {chain_hex(digest)}, recorded "
-            f"{expected}): the pipeline is not deterministic for its seeds. {divergence_causes()}"
+            f"{expected}): the pipeline is not deterministic for its seeds. {divergence_causes(stateful)}"
         )
     return digest

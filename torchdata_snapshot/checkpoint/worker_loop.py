@@ -16,7 +16,7 @@ from typing import Any, Optional
 from torchdata_snapshot._constants import REPLAY_HEARTBEAT_S
 from torchdata_snapshot._errors import ProtocolError, ReplayDivergenceError
 from torchdata_snapshot.checkpoint.digest import CHAIN_START, chain
-from torchdata_snapshot.checkpoint.replay import replay
+from torchdata_snapshot.checkpoint.replay import own_stateful, replay
 from torchdata_snapshot.core.messages import (
     ReplayProgressResponse,
     ReplayRequest,
@@ -85,7 +85,7 @@ class ReplayingWorkerLoop(WorkerLoop):
         try:
             epoch.digest = replay(
                 epoch.iterator, start, skip, epoch.digest, expected, where=self.name, epoch=epoch.number,
-                on_item=progress,
+                on_item=progress, stateful=own_stateful(dp for _, dp in self._graph),
             )  # fmt: skip
         except ReplayDivergenceError:
             epoch.iterator = None
