@@ -38,7 +38,7 @@ import torch.distributed as dist  # noqa: E402
 from torchdata.dataloader2 import DataLoader2, DistributedReadingService, SequentialReadingService  # noqa: E402
 from torchdata.datapipes.iter import IterableWrapper  # noqa: E402
 
-from torchdata_snapshot import MultiProcessingReadingService, gather_elastic_state  # noqa: E402
+from torchdata_snapshot import MultiProcessingReadingService, gather_elastic_state, load_state_dict  # noqa: E402
 
 #: 2 ranks x 2 workers and 3 ranks x 1 worker both split it evenly, so that fullsync (which
 #: ends an epoch of DistributedReadingService at the shortest rank) cuts nothing.
@@ -53,9 +53,10 @@ def loader(state: Any, num_workers: int) -> DataLoader2:
     reading_service = SequentialReadingService(
         DistributedReadingService(), MultiProcessingReadingService(num_workers=num_workers, elastic=True)
     )
-    if state is not None:
-        return DataLoader2.from_state(state, reading_service)
     dl = DataLoader2(build(), reading_service=reading_service)
+    if state is not None:
+        load_state_dict(dl, state)  # checked against the pipeline build() makes, before any worker starts
+        return dl
     dl.seed(SEED)
     return dl
 

@@ -13,7 +13,7 @@ job, workers included (``--group`` does that here). The pattern:
 2. the training loop checks the flag after each step: the step in progress finishes, then model,
    optimizer and ``dl.state_dict()`` are saved (atomically: a temporary file, then
    ``os.replace``) and the process exits with 0;
-3. the resumed job loads them, ``DataLoader2.from_state(...)``, and continues exactly.
+3. the resumed job loads them (``torchdata_snapshot.load_state_dict(dl, ...)``) and continues exactly.
 
 The workers of ``torchdata_snapshot`` ignore SIGTERM (their lifetime is the training process's),
 so the step in progress and the checkpoint do not lose them, and ``state_dict()`` does not talk
@@ -41,7 +41,7 @@ import torch  # noqa: E402
 from torchdata.dataloader2 import DataLoader2  # noqa: E402
 from torchdata.datapipes.iter import IterableWrapper  # noqa: E402
 
-from torchdata_snapshot import MultiProcessingReadingService  # noqa: E402
+from torchdata_snapshot import MultiProcessingReadingService, load_state_dict  # noqa: E402
 
 SEED, EPOCHS = 11, 2
 
@@ -84,7 +84,8 @@ def train(workdir: Path) -> None:
         checkpoint = torch.load(path, weights_only=True)
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
-        dl = DataLoader2.from_state(checkpoint["data"], reading_service())
+        dl = DataLoader2(build(), reading_service=reading_service())
+        load_state_dict(dl, checkpoint["data"])
         epoch, step, seen = checkpoint["epoch"], checkpoint["step"], pickle.loads(checkpoint["seen"])
     else:
         dl = DataLoader2(build(), reading_service=reading_service())

@@ -6,8 +6,8 @@
 2. ``train``: the same job in a new process; every ``--checkpoint-every`` steps it saves
    ``torch.save(dl.state_dict())``; at step ``--kill-at`` (mid-epoch 1) it is killed with SIGKILL,
    like a preempted node, losing the steps after its last checkpoint;
-3. ``resume``: a new process does ``DataLoader2.from_state(torch.load(checkpoint), ...)`` and
-   finishes the job.
+3. ``resume``: a new process builds the pipeline, loads ``torch.load(checkpoint)`` into it with
+   ``torchdata_snapshot.load_state_dict`` and finishes the job.
 
 The report checks that the batches of (2) up to the checkpoint followed by those of (3) are the
 reference, batch for batch: nothing lost, nothing duplicated, same order. The pipeline uses four
@@ -36,7 +36,7 @@ import torch  # noqa: E402
 from torchdata.dataloader2 import DataLoader2  # noqa: E402
 from torchdata.datapipes.iter import IterableWrapper  # noqa: E402
 
-from torchdata_snapshot import MultiProcessingReadingService  # noqa: E402
+from torchdata_snapshot import MultiProcessingReadingService, load_state_dict  # noqa: E402
 
 SEED = 2024
 EPOCHS = 2
@@ -88,7 +88,8 @@ def run_training(args: argparse.Namespace) -> None:
 def run_resume(args: argparse.Namespace) -> None:
     workdir = Path(args.workdir)
     state = torch.load(workdir / "data.ckpt", weights_only=True)
-    dl = DataLoader2.from_state(state, reading_service(args.workers))
+    dl = DataLoader2(build(args.items), reading_service=reading_service(args.workers))
+    load_state_dict(dl, state)  # checked against the pipeline just built, before any worker starts
     resumed_epoch = state["reading_service_state"]["epoch"]
     resumed = []
     for epoch in range(resumed_epoch, EPOCHS):

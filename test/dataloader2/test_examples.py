@@ -185,3 +185,13 @@ def test_the_quickstarts_lines_are_those_of_its_example() -> None:
     shown = [line for line in code if line and not line.startswith("#")]
     assert len(shown) >= 10
     assert [line for line in shown if line not in script] == []
+
+
+def test_the_examples_resume_as_the_readme_recommends() -> None:
+    """With ``torchdata_snapshot.load_state_dict`` into the pipeline the code builds (the README's
+    advice), not ``DataLoader2.from_state``, which restores the pipeline pickled in the state."""
+    for path in sorted(EXAMPLES.glob("*.py")):
+        source = path.read_text()
+        assert "DataLoader2.from_state(" not in source, path.name
+        if "state_dict()" in source and "torch.load(" in source:
+            assert "load_state_dict(dl, " in source, path.name
