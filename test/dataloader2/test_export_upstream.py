@@ -107,6 +107,20 @@ def run_at(series: Path, tip: str, code: str) -> subprocess.CompletedProcess:
         git(series, "checkout", "-q", "series")
 
 
+def assert_pytest_passes_at(series: Path, sha: str, arguments: List[str], timeout: float) -> None:
+    """pytest with ``arguments`` in the exported tree at ``sha`` (the series' tip is checked out
+    again after), as upstream's CI runs it; this tool's folder is importable, for its plugins."""
+    git(series, "checkout", "-q", sha)
+    try:
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore", *arguments]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(series), str(TOOL)])}
+        done = subprocess.run(command, cwd=series, env=env, capture_output=True, text=True, timeout=timeout)
+    finally:
+        git(series, "checkout", "-q", "series")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert " passed" in done.stdout
+
+
 @pytest.fixture(scope="module")
 def tools_bin() -> Path:
     missing = [name for name in ("ufmt", "pyupgrade", "flake8") if not (TOOLS_BIN / name).is_file()]
@@ -297,31 +311,10 @@ def test_snapshot_holds_on_the_graphs_upstream_runs_under_spawn(series: Path, ti
     """The RFC's tests (map-style DataPipes, fork/demux/mux, a dispatching process, DataPipes of
     one's own, a dead worker; fork, spawn and forkserver) at the RFC's tip and the stack's, with
     spawn, macOS's and Windows' default start method, as the default."""
-    git(series, "checkout", "-q", tip)
     tests = ["test/dataloader2/test_mprs_snapshot.py"]
     if tip == "series-1":
         tests.append("test/dataloader2/test_get_state.py")
-    try:
-        command = [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-W",
-            "ignore",
-            "-p",
-            "spawn_start",
-        ]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(series), str(TOOL)])}
-        done = subprocess.run(
-            [*command, *tests], cwd=series, env=env, capture_output=True, text=True, timeout=900
-        )
-    finally:
-        git(series, "checkout", "-q", "series")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert " passed" in done.stdout
+    assert_pytest_passes_at(series, tip, [*tests, "-p", "spawn_start"], timeout=900)
 
 
 @series_test
@@ -668,25 +661,7 @@ def test_the_tests_pass_in_the_exported_tree(series: Path, where: str) -> None:
     commits = git(series, "rev-list", "--reverse", f"{TAG}..series").split()
     rfc = git(series, "rev-parse", "series-1")
     sha = {"first": commits[0], "rfc": rfc, "middle": commits[len(commits) // 2], "tip": commits[-1]}[where]
-    git(series, "checkout", "-q", sha)
-    try:
-        command = [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-W",
-            "ignore",
-            *AT_COMMIT[where],
-        ]
-        env = {**os.environ, "PYTHONPATH": str(series)}
-        done = subprocess.run(command, cwd=series, env=env, capture_output=True, text=True, timeout=1200)
-    finally:
-        git(series, "checkout", "-q", "series")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert " passed" in done.stdout
+    assert_pytest_passes_at(series, sha, AT_COMMIT[where], timeout=1200)
 
 
 @series_test
