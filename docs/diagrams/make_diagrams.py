@@ -121,8 +121,10 @@ LAYERS = (
     [
         ("the base", ("_errors", "_constants", "_compat", "_worker_snapshot"),
          "exceptions, time bounds, the one door to torchdata's private APIs, WorkerSnapshot"),
-        ("the protocol", ("core.messages", "core.options", "core.graph", "core.catalogue", "core.plugins"),
-         "request/response dataclasses, options, describing a graph, what each DataPipe type is, plug-ins"),
+        ("the protocol", ("core.messages", "core.options", "core.traversal", "core.graph", "core.catalogue",
+                          "core.plugins"),
+         "request/response dataclasses, options, traversing and describing a graph, what each DataPipe "
+         "type is, plug-ins"),
         ("the transport", ("core.transport", "core.serving"),
          "items pickled one by one, pipes with bounded waits, the outbox, the request table"),
         ("the worker loop", ("core.worker",),

@@ -29,7 +29,10 @@ def test_the_package_says_it_is_typed() -> None:
 
 
 #: Modules the package imports only for the pipelines that use them, which bring them.
-OPTIONAL_IMPORTS = {"fsspec": "open_files_by_fsspec's files"}
+OPTIONAL_IMPORTS = {
+    "fsspec": "open_files_by_fsspec's files",
+    "dill": "a graph traversal that pickle cannot do (torch's falls back to dill too)",
+}
 
 
 def test_the_package_declares_every_module_it_imports() -> None:

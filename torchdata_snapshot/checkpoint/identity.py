@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
-from torchdata.dataloader2.graph import DataPipe, traverse_dps
+from torchdata.dataloader2.graph import DataPipe, DataPipeGraph
 
 from torchdata_snapshot.checkpoint.arguments import Arguments, Reading, datapipe_arguments, reading_of
 from torchdata_snapshot.core.graph import (
@@ -20,6 +20,7 @@ from torchdata_snapshot.core.graph import (
     function_name,
     graph_datapipes,
 )
+from torchdata_snapshot.core.traversal import traverse
 
 __all__ = ["GraphIdentity", "graph_arguments", "graph_fingerprint", "graph_identity"]
 
@@ -46,13 +47,15 @@ def _describe_node(dp: DataPipe) -> str:
     return " ".join(words)
 
 
-def graph_identity(datapipe: DataPipe) -> GraphIdentity:
+def graph_identity(datapipe: DataPipe, graph: Optional[DataPipeGraph] = None) -> GraphIdentity:
     """The graph's fingerprint and arguments, as a state records them and a restore checks them,
-    and the readings of its arguments (NOTE [ Argument readings ])."""
-    graph = graph_datapipes(datapipe)
-    readings = {key: reading_of(dp) for key, dp in graph}
-    arguments = {key: readings[key].record(dp) for key, dp in graph}
-    return GraphIdentity(graph_fingerprint(datapipe), arguments, readings)
+    and the readings of its arguments (NOTE [ Argument readings ]); ``graph``: ``datapipe``'s,
+    if the caller traversed it already."""
+    graph = traverse(datapipe) if graph is None else graph
+    keyed = graph_datapipes(datapipe, graph)
+    readings = {key: reading_of(dp) for key, dp in keyed}
+    arguments = {key: readings[key].record(dp) for key, dp in keyed}
+    return GraphIdentity(graph_fingerprint(datapipe, graph), arguments, readings)
 
 
 def graph_arguments(datapipe: DataPipe) -> Arguments:
@@ -61,7 +64,7 @@ def graph_arguments(datapipe: DataPipe) -> Arguments:
     return {key: datapipe_arguments(dp) for key, dp in graph_datapipes(datapipe)}
 
 
-def graph_fingerprint(datapipe: DataPipe) -> str:
+def graph_fingerprint(datapipe: DataPipe, graph: Optional[DataPipeGraph] = None) -> str:
     """A digest of the graph's structure: DataPipe types, their map/filter functions, the edges.
 
     Two pipelines built by the same code have the same fingerprint; a pipeline with another
@@ -84,5 +87,5 @@ def graph_fingerprint(datapipe: DataPipe) -> str:
             lines.append(f"{depth} {_describe_node(dp)}")
             visit(parents, depth + 1)
 
-    visit(traverse_dps(datapipe), 0)
+    visit(traverse(datapipe) if graph is None else graph, 0)
     return hashlib.blake2b("\n".join(lines).encode(), digest_size=8).hexdigest()

@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple, TypeVar
 
-from torchdata.dataloader2.graph import DataPipe
+from torchdata.dataloader2.graph import DataPipe, DataPipeGraph
 from torchdata.dataloader2.random import SeedGenerator
 
 from torchdata_snapshot._errors import CheckpointError, IncompatibleCheckpointError, InvalidCheckpointError
@@ -86,9 +86,10 @@ class PendingRestore:
 ElasticStart = Callable[[Checkpoint, DataPipe, Tuple[int, int], int], "PendingRestore"]
 
 
-def sharding_of(datapipe: DataPipe) -> Tuple[int, int]:
-    """``(world_size, rank)`` the graph's sharding filter was given (``(1, 0)`` without one)."""
-    sf = sharding_point(datapipe)
+def sharding_of(datapipe: DataPipe, graph: Optional[DataPipeGraph] = None) -> Tuple[int, int]:
+    """``(world_size, rank)`` the graph's sharding filter was given (``(1, 0)`` without one;
+    ``graph``: ``datapipe``'s, if the caller traversed it already)."""
+    sf = sharding_point(datapipe, graph)
     return (1, 0) if sf is None else sharding_layout(sf)
 
 

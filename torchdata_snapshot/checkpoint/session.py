@@ -47,6 +47,7 @@ from torchdata_snapshot.core.messages import ElasticEpoch
 from torchdata_snapshot.core.options import RuntimeOptions
 from torchdata_snapshot.core.seeding import seeding_epoch
 from torchdata_snapshot.core.session import Session
+from torchdata_snapshot.core.traversal import traverse
 
 __all__ = [
     "CheckpointSession",
@@ -166,7 +167,8 @@ class CheckpointSession(Session):
     @classmethod
     def _restored(cls, datapipe: DataPipe, plan: Any) -> Dict[str, Any]:
         if plan is None:
-            return {"graph": graph_identity(datapipe), "sharding": sharding_of(datapipe)}
+            graph = traverse(datapipe)
+            return {"graph": graph_identity(datapipe, graph), "sharding": sharding_of(datapipe, graph)}
         restore = cast(RestorePlan, plan)
         pending = restore.pending
         epoch = restore.state.epoch if pending is None else restore.state.epoch - 1  # the last started
@@ -198,7 +200,8 @@ class CheckpointSession(Session):
     @logs_refusals
     def plan(cls, datapipe: DataPipe, state: Any, num_workers: int, elastic: bool) -> RestorePlan:
         """What restoring ``state`` for ``datapipe`` resumes, validated; nothing starts."""
-        sharding, graph = sharding_of(datapipe), graph_identity(datapipe)
+        traversed = traverse(datapipe)
+        sharding, graph = sharding_of(datapipe, traversed), graph_identity(datapipe, traversed)
         taken = Checkpoint.from_plain(state)
         restored, moved = cls._relocated(taken, datapipe, graph)
         pending = plan_restore(restored, datapipe, graph, sharding, num_workers, elastic)

@@ -11,11 +11,12 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
-from torchdata.dataloader2.graph import DataPipe, find_dps, list_dps, traverse_dps
+from torchdata.dataloader2.graph import DataPipe, DataPipeGraph, find_dps, list_dps
 
 from torchdata_snapshot._compat.datapipes import prefetcher_in_progress, samples_yielded
 from torchdata_snapshot._constants import PREFETCHER_PAUSE_CHECK_S
 from torchdata_snapshot._errors import StateCaptureError
+from torchdata_snapshot.core.traversal import traverse
 
 __all__ = [
     "FUNCTION_ATTRIBUTES",
@@ -39,9 +40,11 @@ def datapipe_key(index: int, datapipe: DataPipe) -> str:
     return f"{index}:{type(datapipe).__name__}"
 
 
-def graph_datapipes(datapipe: DataPipe) -> List[Tuple[str, DataPipe]]:
-    """All DataPipes of the graph ending at ``datapipe``, output first, with their keys."""
-    return [(datapipe_key(i, dp), dp) for i, dp in enumerate(list_dps(traverse_dps(datapipe)))]
+def graph_datapipes(datapipe: DataPipe, graph: Optional[DataPipeGraph] = None) -> List[Tuple[str, DataPipe]]:
+    """All DataPipes of the graph ending at ``datapipe`` (``graph``, if the caller traversed it
+    already), output first, with their keys."""
+    graph = traverse(datapipe) if graph is None else graph
+    return [(datapipe_key(i, dp), dp) for i, dp in enumerate(list_dps(graph))]
 
 
 def datapipe_yields(graph: List[Tuple[str, DataPipe]]) -> Dict[str, int]:
@@ -182,9 +185,12 @@ def datapipe_state_dicts(datapipes: List[Tuple[str, DataPipe]]) -> Dict[str, Any
     return states
 
 
-def sharding_point(datapipe: DataPipe) -> Optional[ShardingFilterIterDataPipe]:
-    """The graph's one sharding filter, or ``None`` if it has none or several."""
-    found = find_dps(traverse_dps(datapipe), ShardingFilterIterDataPipe)
+def sharding_point(
+    datapipe: DataPipe, graph: Optional[DataPipeGraph] = None
+) -> Optional[ShardingFilterIterDataPipe]:
+    """The graph's one sharding filter, or ``None`` if it has none or several (``graph``: as in
+    :func:`graph_datapipes`)."""
+    found = find_dps(traverse(datapipe) if graph is None else graph, ShardingFilterIterDataPipe)
     return cast(ShardingFilterIterDataPipe, found[0]) if len(found) == 1 else None
 
 

@@ -20,11 +20,12 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
-from torchdata.dataloader2.graph import DataPipe, replace_dp, traverse_dps
+from torchdata.dataloader2.graph import DataPipe, DataPipeGraph
 
 from torchdata_snapshot.core.catalogue import types_where
 from torchdata_snapshot.core.graph import sharding_point
 from torchdata_snapshot.core.messages import Level
+from torchdata_snapshot.core.traversal import replace, subgraph, traverse
 from torchdata_snapshot.elastic.remaining import skips_of_instance
 from torchdata_snapshot.graph_state.graph_state import RESUMABLE_ADAPTERS
 from torchdata_snapshot.graph_state.resumable import Expander, as_resumable
@@ -53,11 +54,14 @@ EXPANDING: Tuple[type, ...] = types_where(per_element="several")
 HOLDING_ONE: Tuple[type, ...] = types_where(per_element="holds_one")
 
 
-def chain_after(sf: DataPipe, end: DataPipe) -> Union[List[DataPipe], DataPipe]:
+def chain_after(
+    sf: DataPipe, end: DataPipe, graph: Optional[DataPipeGraph] = None
+) -> Union[List[DataPipe], DataPipe]:
     """The DataPipes from ``sf`` (excluded) to ``end``, nearest to ``sf`` first; or, if they are
-    not a chain, the first one from ``end`` that has several sources."""
+    not a chain, the first one from ``end`` that has several sources (``graph``: one that holds
+    ``end``'s, if the caller traversed it already)."""
     chain: List[DataPipe] = []
-    node = traverse_dps(end)
+    node = traverse(end) if graph is None else subgraph(graph, end)
     while True:
         ((dp, parents),) = node.values()
         if dp is sf:
@@ -84,9 +88,12 @@ class ElementProgress:
         self.sf = sf
 
     @classmethod
-    def of(cls, datapipe: DataPipe, sf: ShardingFilterIterDataPipe) -> Optional[ElementProgress]:
-        """The progress of ``datapipe``'s expander after ``sf``, if it has one (in a chain)."""
-        chain = chain_after(sf, datapipe)
+    def of(
+        cls, datapipe: DataPipe, sf: ShardingFilterIterDataPipe, graph: Optional[DataPipeGraph] = None
+    ) -> Optional[ElementProgress]:
+        """The progress of ``datapipe``'s expander after ``sf``, if it has one (in a chain;
+        ``graph``: as in :func:`chain_after`)."""
+        chain = chain_after(sf, datapipe, graph)
         at = _expander_at(chain) if isinstance(chain, list) else -1
         expander = chain[at] if at >= 0 else None
         if not isinstance(expander, Expander):
@@ -120,12 +127,12 @@ def with_counting_expander(datapipe: DataPipe) -> DataPipe:
     at = _expander_at(chain) if isinstance(chain, list) else -1
     if at < 0:
         return datapipe
-    graph = traverse_dps(datapipe)
+    graph = traverse(datapipe)
     for dp in chain[at:]:
         if isinstance(dp, IterDataPipe) and (type(dp) in EXPANDING or type(dp) in HOLDING_ONE):
             # Its adapter's (in place, or a wrapper); itself where its class counts already, or
             # where it cannot resume (nothing counts then: an elastic restore refuses the state).
             counting = as_resumable(dp, RESUMABLE_ADAPTERS)
             if counting is not dp:
-                graph = replace_dp(graph, dp, counting)
+                graph = replace(graph, dp, counting)
     return next(iter(graph.values()))[0]

@@ -22,10 +22,11 @@ from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
-from torchdata.dataloader2.graph import DataPipe, list_dps, traverse_dps
+from torchdata.dataloader2.graph import DataPipe, list_dps
 
 from torchdata_snapshot.core.graph import graph_datapipes
 from torchdata_snapshot.core.messages import ElasticEpoch, Level
+from torchdata_snapshot.core.traversal import traverse
 from torchdata_snapshot.graph_state.graph_state import GraphState, unpack_graph_state
 from torchdata_snapshot.graph_state.resumable import Resumable
 
@@ -107,13 +108,15 @@ class Remaining(Resumable, IterDataPipe):
         return {"index": self._index}
 
 
-def set_remaining(sf: ShardingFilterIterDataPipe, levels: Sequence[Level]) -> None:
+def set_remaining(sf: ShardingFilterIterDataPipe, levels: Sequence[Level]) -> bool:
     """Put a :class:`Remaining` for ``levels`` right below ``sf`` (replacing one put there
-    before); without levels, take it away."""
+    before); without levels, take it away. Returns whether the graph changed."""
     source = sf.source_datapipe
-    if isinstance(source, Remaining):
+    had = isinstance(source, Remaining)
+    if had:
         source = source.source
     sf.source_datapipe = Remaining(source, levels) if levels else source
+    return had or bool(levels)
 
 
 def _first_remaining_bound(level: Level) -> int:
@@ -136,7 +139,7 @@ def load_head_start(
     remaining = sf.source_datapipe
     assert isinstance(remaining, Remaining)
     root = remaining.source
-    pre_sharding = list_dps(traverse_dps(root))
+    pre_sharding = list_dps(traverse(root))
     # The keys the states were captured under: the graph as it was before the resume.
     set_remaining(sf, old_levels)
     try:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter.selecting import FilterIterDataPipe
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
-from torchdata.dataloader2.graph import DataPipe, find_dps, traverse_dps
+from torchdata.dataloader2.graph import DataPipe, find_dps
 from torchdata.dataloader2.graph.utils import _find_replicable_branches
 from torchdata.dataloader2.utils.dispatch import find_lca_round_robin_sharding_dp
 
@@ -39,6 +39,7 @@ from torchdata_snapshot.core.catalogue import types_where
 from torchdata_snapshot.core.graph import describe_datapipe
 from torchdata_snapshot.core.main.positions import ONE_TO_ONE_TAIL, not_one_to_one
 from torchdata_snapshot.core.messages import Level
+from torchdata_snapshot.core.traversal import traverse
 from torchdata_snapshot.core.worker.worker_graph import DispatchPlaceholder
 from torchdata_snapshot.elastic.element_progress import EXPANDING, HOLDING_ONE, ONE_TO_ONE, chain_after
 
@@ -95,7 +96,7 @@ def _is_elastic(datapipe: DataPipe) -> bool:
 
 def replicable_branch(datapipe: DataPipe) -> DataPipe:
     """The part of ``datapipe`` that worker processes run (its end), as DataLoader2 splits it."""
-    branches = _find_replicable_branches(traverse_dps(datapipe))
+    branches = _find_replicable_branches(traverse(datapipe))
     return branches[0] if len(branches) == 1 else datapipe
 
 
@@ -110,7 +111,7 @@ def elastic_refusal(datapipe: DataPipe, replicable: Optional[DataPipe] = None) -
     :func:`register_elastic`, and at most one of :data:`EXPANDING` with, after it, those of
     :data:`HOLDING_ONE` too, and before it only :data:`ONE_TO_ONE` and ``filter``.
     """
-    graph = traverse_dps(datapipe)
+    graph = traverse(datapipe)
     if find_lca_round_robin_sharding_dp(graph) is not None or find_dps(graph, DispatchPlaceholder):
         return "the graph uses sharding_round_robin_dispatch, whose dispatching process is not elastic"
     found = find_dps(graph, ShardingFilterIterDataPipe)
@@ -161,7 +162,7 @@ def _refused(dp: DataPipe, before: Optional[DataPipe] = None) -> str:
 
 def expands_after_sharding(datapipe: DataPipe) -> bool:
     """Whether one of :data:`EXPANDING` runs after the graph's sharding point."""
-    found = find_dps(traverse_dps(datapipe), ShardingFilterIterDataPipe)
+    found = find_dps(traverse(datapipe), ShardingFilterIterDataPipe)
     if len(found) != 1:
         return False
     chain = chain_after(found[0], replicable_branch(datapipe))

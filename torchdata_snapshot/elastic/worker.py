@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Optional
 
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
-from torchdata.dataloader2.graph import DataPipe
+from torchdata.dataloader2.graph import DataPipe, DataPipeGraph
 
 from torchdata_snapshot.core.messages import ElasticEpoch
 from torchdata_snapshot.elastic.element_progress import ElementProgress, with_counting_expander
@@ -33,14 +33,16 @@ class ShardingProgress:
         elastic: Optional[ElasticEpoch],
         graph_state: GraphState,
         stateful: bool,
-    ) -> None:
+        graph: DataPipeGraph,
+    ) -> bool:
         levels = elastic.levels if elastic is not None else ()
-        set_remaining(sharding, levels)
-        self._progress = ElementProgress.of(datapipe, sharding)
+        changed = set_remaining(sharding, levels)
+        self._progress = ElementProgress.of(datapipe, sharding, graph)  # (above the filter: unchanged)
         if self._progress is not None:
             self._progress.skip(levels, graph_state.sharding)
         if elastic is not None and elastic.head_states and stateful:
             load_head_start(datapipe, sharding, elastic, graph_state)
+        return changed
 
     def partial(self) -> Optional[int]:
         return None if self._progress is None else self._progress.partial()

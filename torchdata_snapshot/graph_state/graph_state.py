@@ -52,7 +52,7 @@ import pickle
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
-from torchdata.dataloader2.graph import DataPipe, replace_dp, traverse_dps
+from torchdata.dataloader2.graph import DataPipe
 from torchdata.datapipes.iter import Cycler as CyclerIterDataPipe
 
 from torchdata_snapshot._compat.datapipes import iterator_id
@@ -65,6 +65,7 @@ from torchdata_snapshot.checkpoint.rng_states import (
 )
 from torchdata_snapshot.core.catalogue import types_where
 from torchdata_snapshot.core.graph import datapipe_state_dicts, describe_datapipe, graph_datapipes
+from torchdata_snapshot.core.traversal import replace, traverse
 from torchdata_snapshot.graph_state.accumulators import ACCUMULATOR_ADAPTERS
 from torchdata_snapshot.graph_state.equivalents import ADAPTERS
 from torchdata_snapshot.graph_state.readers import READER_ADAPTERS
@@ -144,15 +145,15 @@ class GraphState:
         """Rewrite a resumable graph (see :meth:`unresumable`): each DataPipe whose state lives in
         its generator becomes resumable (an instance of its resumable subclass, in place, or
         wrapped). ``ShardingFilter`` stays: ``DataLoader2`` finds it by its exact type."""
-        graph = traverse_dps(datapipe)
-        for _, dp in graph_datapipes(datapipe):
+        graph = traverse(datapipe)
+        for _, dp in graph_datapipes(datapipe, graph):
             adapter = RESUMABLE_ADAPTERS.get(type(dp))
             if adapter is not None and not _has_methods(dp) and adapter.adapts(dp):
                 replacement = adapter.adapt(dp)
                 if replacement is not dp:
-                    graph = replace_dp(graph, dp, replacement)
+                    graph = replace(graph, dp, replacement)
         made = next(iter(graph.values()))[0]
-        for _, dp in graph_datapipes(made):
+        for _, dp in graph_datapipes(made, graph):
             if isinstance(dp, CyclerIterDataPipe) and isinstance(dp, Resumable):
                 cycler: Any = dp  # (on_new_pass is its resumable class's)
                 cycler.on_new_pass = self._forgetting(cycler.source_datapipe)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Protocol, Sequence
 
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
-from torchdata.dataloader2.graph import DataPipe
+from torchdata.dataloader2.graph import DataPipe, DataPipeGraph
 from torchdata.dataloader2.utils.worker import WorkerInfo
 
 from torchdata_snapshot._errors import ExceptionWrapper, ProtocolError, StateCaptureError
@@ -26,6 +26,7 @@ from torchdata_snapshot.core.options import WorkerOptions
 from torchdata_snapshot.core.plugins import installed
 from torchdata_snapshot.core.transport.batches import QueuedItem
 from torchdata_snapshot.core.transport.channel import Endpoint
+from torchdata_snapshot.core.traversal import traverse
 from torchdata_snapshot.core.worker.dispatcher import find_dispatched_sources
 from torchdata_snapshot.core.worker.epoch import WorkerEpoch
 from torchdata_snapshot.graph_state.file_origins import check_opened
@@ -51,8 +52,10 @@ class ElasticWorker(Protocol):
         elastic: Optional[ElasticEpoch],
         graph_state: GraphState,
         stateful: bool,
-    ) -> None:
-        """Set up the epoch about to start (``elastic``: it resumes elastically)."""
+        graph: DataPipeGraph,
+    ) -> bool:
+        """Set up the epoch about to start (``elastic``: it resumes elastically), ``graph`` being
+        ``datapipe``'s; returns whether it changed the graph."""
 
     def partial(self) -> Optional[int]:
         """At a yield point: the items of the expander's current element handed on."""
@@ -139,10 +142,13 @@ class StatefulWorkerLoop(ReplayingWorkerLoop):
         if request.elastic is not None and (sharding is None or self._elastic is None):
             raise ProtocolError(f"{self.name}: an elastic epoch needs the graph's one sharding filter")
         if sharding is not None and self._elastic is not None:
-            self._elastic.reset_epoch(
-                self.datapipe, sharding, request.elastic, self.states.graph_state, self.states.stateful
-            )
-            self._graph = graph_datapipes(self.datapipe)  # what remains went in below the filter
+            changed = self._elastic.reset_epoch(
+                self.datapipe, sharding, request.elastic, self.states.graph_state, self.states.stateful,
+                epoch.graph,
+            )  # fmt: skip
+            if changed:  # what remains went in below the filter, or left
+                epoch.graph = traverse(self.datapipe)
+                self._graph = graph_datapipes(self.datapipe, epoch.graph)
         self.states.start_epoch(self._graph)
 
     # --- restore --------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Callable, List, Optional
 
-from torchdata.dataloader2.graph import DataPipe, set_graph_random_seed
+from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.dataloader2.utils.worker import WorkerInfo
 
@@ -22,6 +22,7 @@ from torchdata_snapshot.core.graph import datapipe_state_dicts, datapipe_yields,
 from torchdata_snapshot.core.main.outlet import Outlet
 from torchdata_snapshot.core.main.positions import UserPositions
 from torchdata_snapshot.core.messages import ElasticEpoch
+from torchdata_snapshot.core.traversal import seed_graph, traverse
 from torchdata_snapshot.core.worker.worker_graph import prepare_worker_graph
 
 __all__ = ["InProcess"]
@@ -48,8 +49,9 @@ class InProcess:
         """Seed the graph's DataPipes from ``seed_generator``, as torchdata does with
         ``num_workers=0`` (``elastic`` and ``replay`` concern workers only: an epoch resumes
         elastically only there, and a position in this process is replayed by the outlet)."""
-        set_graph_random_seed(outlet, seed_generator)
-        answer_child_checks(dp for _, dp in graph_datapipes(outlet))
+        graph = traverse(outlet)
+        seed_graph(graph, seed_generator)
+        answer_child_checks(dp for _, dp in graph_datapipes(outlet, graph))
 
     def pause(self, pause_fn: Optional[Callable]) -> None:
         pass  # the graph runs only when the user asks for an item

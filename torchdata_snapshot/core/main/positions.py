@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Deque, List, Optional, Sequence, Tuple
 
-from torchdata.dataloader2.graph import DataPipe, list_dps, traverse_dps
+from torchdata.dataloader2.graph import DataPipe, list_dps
 
 from torchdata_snapshot.core.catalogue import types_where
+from torchdata_snapshot.core.traversal import traverse
 
 __all__ = ["ONE_TO_ONE_TAIL", "UserPositions", "not_one_to_one"]
 
@@ -29,8 +30,8 @@ ONE_TO_ONE_TAIL: Tuple[type, ...] = types_where(main_tail=True)
 def not_one_to_one(end: DataPipe, replicable: DataPipe) -> List[DataPipe]:
     """The DataPipes of ``end``'s graph that stay in the main process (all but the replicable
     branch) and are not known to hand on one item per item they take, output first."""
-    in_workers = {id(dp) for dp in list_dps(traverse_dps(replicable))}
-    tail = [dp for dp in list_dps(traverse_dps(end)) if id(dp) not in in_workers]
+    in_workers = {id(dp) for dp in list_dps(traverse(replicable))}
+    tail = [dp for dp in list_dps(traverse(end)) if id(dp) not in in_workers]
     return [dp for dp in tail if type(dp) not in ONE_TO_ONE_TAIL]
 
 

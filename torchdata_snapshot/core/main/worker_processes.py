@@ -16,7 +16,7 @@ import atexit
 import os
 from typing import Any, Callable, List, Optional, Type, TypeVar
 
-from torchdata.dataloader2.graph import DataPipe, replace_dp, set_graph_random_seed, traverse_dps
+from torchdata.dataloader2.graph import DataPipe
 from torchdata.dataloader2.graph.utils import _find_replicable_branches
 from torchdata.dataloader2.random import SeedGenerator
 from torchdata.dataloader2.utils.dispatch import find_lca_round_robin_sharding_dp
@@ -52,6 +52,7 @@ from torchdata_snapshot.core.messages import (
 from torchdata_snapshot.core.options import FaultOptions, TensorPoolOptions, WorkerOptions
 from torchdata_snapshot.core.plugins import StreamLog, require
 from torchdata_snapshot.core.transport.channel import Channel
+from torchdata_snapshot.core.traversal import replace, seed_graph, traverse
 from torchdata_snapshot.core.worker.worker_graph import DispatchPlaceholder
 
 __all__ = ["DispatcherClient", "WorkerProcesses"]
@@ -140,12 +141,12 @@ class WorkerProcesses:
         ``tensor_pool``: each worker gets a pool of that size (see
         :class:`~torchdata_snapshot.core.plugins.TensorPoolFeature`); ``stream_log``: makes the
         log each worker stream keeps (a checkpoint's)."""
-        graph = traverse_dps(datapipe)
+        graph = traverse(datapipe)
         dispatching_dp = find_lca_round_robin_sharding_dp(graph)
         if dispatching_dp is not None:
             # The non-replicable part runs once, in the dispatching process; a placeholder
             # stands in the workers' graph where it was (replaced by DispatchedSource there).
-            graph = replace_dp(graph, dispatching_dp, DispatchPlaceholder())  # type: ignore[abstract, unused-ignore]
+            graph = replace(graph, dispatching_dp, DispatchPlaceholder())  # type: ignore[abstract, unused-ignore]
             datapipe = list(graph.values())[0][0]
         replicable_dps = _find_replicable_branches(graph)
         if len(replicable_dps) != 1:
@@ -185,7 +186,7 @@ class WorkerProcesses:
         )
         if replicable_dp is datapipe:
             return cls(launcher, consumer, dispatcher, consumer)
-        replace_dp(graph, replicable_dp, consumer)
+        replace(graph, replicable_dp, consumer)
         return cls(launcher, consumer, dispatcher, datapipe)
 
     @property
@@ -214,8 +215,9 @@ class WorkerProcesses:
         resumes elastically (see :class:`~torchdata_snapshot.core.messages.ElasticEpoch`)."""
         # The main process's DataPipes (the non-replicable tail) are seeded from the generator
         # itself, each worker from its spawn, as torchdata does.
-        set_graph_random_seed(outlet, seed_generator)
-        answer_child_checks(dp for _, dp in graph_datapipes(outlet))
+        graph = traverse(outlet)
+        seed_graph(graph, seed_generator)
+        answer_child_checks(dp for _, dp in graph_datapipes(outlet, graph))
         seeds = [seed_generator.spawn(worker_id) for worker_id in range(self.num_workers)]
         self.consumer.reset_epoch(epoch, seeds, iter_reset_fn, elastic)
         if self.dispatcher is not None:

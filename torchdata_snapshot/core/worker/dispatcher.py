@@ -25,9 +25,9 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequenc
 
 import torch
 from torch.utils.data import IterDataPipe
-from torchdata.dataloader2.graph import DataPipe, find_dps, traverse_dps
+from torchdata.dataloader2.graph import DataPipe, DataPipeGraph, find_dps
 from torchdata.dataloader2.graph._serialization import extract_wrapper
-from torchdata.dataloader2.utils.worker import WorkerInfo, process_reset_fn
+from torchdata.dataloader2.utils.worker import WorkerInfo
 
 from torchdata_snapshot._compat.datapipes import answer_child_checks
 from torchdata_snapshot._constants import (
@@ -71,6 +71,7 @@ from torchdata_snapshot.core.transport.channel import (
     wait_any,
 )
 from torchdata_snapshot.core.transport.item_codec import ItemEncoder
+from torchdata_snapshot.core.traversal import reset_graph, traverse
 from torchdata_snapshot.core.worker.signals import ignore_job_signals
 
 __all__ = [
@@ -231,7 +232,7 @@ class DispatcherLoop(ServingLoop):
 
     def _on_reset_epoch(self, request: ResetEpochRequest) -> None:
         self.iterator = None
-        self.datapipe = process_reset_fn(
+        self.datapipe, _ = reset_graph(
             self.datapipe,
             self.worker_info,
             request.seed_generator,
@@ -374,5 +375,11 @@ class DispatchedSource(IterDataPipe):
         self.credit = Credit(self.window)
 
 
-def find_dispatched_sources(datapipe: DataPipe) -> List[DispatchedSource]:
-    return cast(List[DispatchedSource], find_dps(traverse_dps(datapipe), DispatchedSource))
+def find_dispatched_sources(
+    datapipe: DataPipe, graph: Optional[DataPipeGraph] = None
+) -> List[DispatchedSource]:
+    """The graph's sources reading from a dispatching process (``graph``: ``datapipe``'s, if the
+    caller traversed it already)."""
+    return cast(
+        List[DispatchedSource], find_dps(traverse(datapipe) if graph is None else graph, DispatchedSource)
+    )

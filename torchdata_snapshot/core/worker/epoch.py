@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
+from torchdata.dataloader2.graph import DataPipeGraph
 
 from torchdata_snapshot._compat.datapipes import samples_yielded
 from torchdata_snapshot._constants import NO_EPOCH
@@ -20,7 +21,8 @@ class WorkerEpoch:
     ``produced`` (sent, or pending in the outbox), their running ``digest`` (``None``: replay
     verification off), whether the stream is ``exhausted``, and the graph's ``sharding`` filter
     whose position each item carries (see :mod:`torchdata_snapshot.core.messages`), which had
-    ``taken_before`` elements before this iteration of it (a restored state's)."""
+    ``taken_before`` elements before this iteration of it (a restored state's); ``graph``: the
+    graph the epoch runs, traversed once at its reset."""
 
     number: int = NO_EPOCH
     iterator: Optional[Iterator[Any]] = None
@@ -30,6 +32,7 @@ class WorkerEpoch:
     exhausted: bool = False
     sharding: Optional[ShardingFilterIterDataPipe] = None
     taken_before: int = 0
+    graph: DataPipeGraph = field(default_factory=dict)
 
     def can_produce(self) -> bool:
         return self.iterator is not None and self.credit > 0 and not self.exhausted

@@ -15,7 +15,7 @@ import time
 from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
 from torchdata.dataloader2.graph import DataPipe
-from torchdata.dataloader2.utils.worker import WorkerInfo, process_reset_fn
+from torchdata.dataloader2.utils.worker import WorkerInfo
 
 from torchdata_snapshot._compat.datapipes import answer_child_checks
 from torchdata_snapshot._constants import LIVENESS_CHECK_INTERVAL_S, REQUEST_CHECK_ITEMS, REQUEST_CHECK_S
@@ -48,6 +48,7 @@ from torchdata_snapshot.core.transport.batches import QueuedItem
 from torchdata_snapshot.core.transport.channel import Endpoint, ParentGone
 from torchdata_snapshot.core.transport.item_codec import ItemEncoder, ItemPool
 from torchdata_snapshot.core.transport.outbox import Outbox
+from torchdata_snapshot.core.traversal import reset_graph, traverse
 from torchdata_snapshot.core.worker.dispatcher import DispatchedSource, find_dispatched_sources
 from torchdata_snapshot.core.worker.epoch import WorkerEpoch
 
@@ -89,9 +90,9 @@ class WorkerLoop(ServingLoop):
         self.terminated = False
         if self.init_error is None:
             self.datapipe = self._prepare(datapipe)
-        healthy = self.init_error is None
-        self._graph: List[Tuple[str, DataPipe]] = graph_datapipes(self.datapipe) if healthy else []
-        self._sources: List[DispatchedSource] = find_dispatched_sources(self.datapipe) if healthy else []
+        graph = traverse(self.datapipe) if self.init_error is None else {}
+        self._graph: List[Tuple[str, DataPipe]] = graph_datapipes(self.datapipe, graph) if graph else []
+        self._sources: List[DispatchedSource] = find_dispatched_sources(self.datapipe, graph) if graph else []
 
     @property
     def iterator(self) -> Optional[Any]:
@@ -243,7 +244,9 @@ class WorkerLoop(ServingLoop):
         self.iterator = None
         self._end_epoch()
         self.outbox.start_epoch(request.epoch)  # nothing of the previous epoch is sent after this
-        self.datapipe = process_reset_fn(
+        # One traversal for the epoch: the reset functions may have replaced DataPipes, and the
+        # graph, its keys and its sharding point are what the epoch runs.
+        self.datapipe, graph = reset_graph(
             self.datapipe,
             self.worker_info,
             request.seed_generator,
@@ -251,10 +254,9 @@ class WorkerLoop(ServingLoop):
             request.iter_reset_fn,
             self.options.custom_reset_fn,
         )
-        # The reset function may have replaced DataPipes: the graph and its sharding point anew.
-        sharding = None if self._sources else sharding_point(self.datapipe)
-        self._graph = graph_datapipes(self.datapipe)
-        epoch = WorkerEpoch(request.epoch, sharding=sharding)
+        sharding = None if self._sources else sharding_point(self.datapipe, graph)
+        self._graph = graph_datapipes(self.datapipe, graph)
+        epoch = WorkerEpoch(request.epoch, sharding=sharding, graph=graph)
         self._start_epoch(request, epoch)
         for source in self._sources:
             source.reset_epoch(request.epoch)

@@ -12,13 +12,14 @@ from typing import Callable, Optional, Type, cast
 import torch
 from torch.utils.data import IterDataPipe as _TorchIterDataPipe
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
-from torchdata.dataloader2.graph import DataPipe, find_dps, replace_dp, traverse_dps
+from torchdata.dataloader2.graph import DataPipe, find_dps
 from torchdata.dataloader2.utils.dispatch import _DummyIterDataPipe, find_non_dispatching_branches
 from torchdata.dataloader2.utils.worker import WorkerInfo
 from torchdata.datapipes.iter import IterDataPipe
 from torchdata.datapipes.map import MapDataPipe
 
 from torchdata_snapshot._errors import ProtocolError
+from torchdata_snapshot.core.traversal import replace, traverse
 
 __all__ = ["DispatchPlaceholder", "prepare_worker_graph"]
 
@@ -40,7 +41,7 @@ def prepare_worker_graph(
     it are sharded. Raises ``ProtocolError`` for a placeholder without ``dispatched``, and
     ``TypeError`` if ``worker_init_fn`` returns no DataPipe.
     """
-    graph = traverse_dps(datapipe)
+    graph = traverse(datapipe)
     placeholders = find_dps(graph, DispatchPlaceholder)
     if not placeholders:
         torch.utils.data.graph_settings.apply_sharding(
@@ -55,7 +56,7 @@ def prepare_worker_graph(
             torch.utils.data.graph_settings.apply_sharding(
                 branch, worker_info.num_workers, worker_info.worker_id, SHARDING_PRIORITIES.MULTIPROCESSING
             )
-        graph = replace_dp(graph, placeholders[0], dispatched)
+        graph = replace(graph, placeholders[0], dispatched)
         datapipe = list(graph.values())[0][0]
     if custom_init_fn is not None:
         datapipe = custom_init_fn(datapipe, worker_info)
