@@ -11,8 +11,10 @@ median items/s and the ratios ours / peer. With ``num_workers=0`` ours runs twic
 mode (each item when the user asks for it) and with ``read_ahead=True``: two rows. Then:
 ``state_dict()`` and ``snapshot()`` latency while prefetching, restore time against the position
 ``k`` (relative to ``k = 0``; an elastic restore from 2 to 3 workers also relative to the exact
-one at the same ``k``; over files, against the bound 1.5 x ``k = 0`` plus one file's time), and
-memory across many snapshots. Results go to ``latest.json``,
+one at the same ``k``; over files, against the bound 1.5 x ``k = 0`` plus one file's time), the
+time from ``iter()`` to the first item of epochs 0 and 1 against upstream's (on upstream's
+``train_loop_reading_service.py`` pipeline and on text files), and memory across many
+snapshots. ``--sections`` measures some of these only. Results go to ``latest.json``,
 ``latest.md`` and (with matplotlib) ``latest.png`` in ``--out``.
 
 These machines are shared and noisy: read medians, never single runs.
@@ -43,11 +45,15 @@ import torch  # noqa: E402
 import torchdata  # noqa: E402
 from peers import IN_PROCESS_ONLY, TENSORS_ONLY, Peer, peers  # noqa: E402
 from torchdata.dataloader2 import DataLoader2, InProcessReadingService  # noqa: E402
-from workloads import Workload, calibrate_burn, restore_workloads, workloads  # noqa: E402
+from torchdata.dataloader2 import MultiProcessingReadingService as UpstreamMPRS  # noqa: E402
+from workloads import Workload, calibrate_burn, restore_workloads, startup_workloads, workloads  # noqa: E402
 
 from torchdata_snapshot import MultiProcessingReadingService  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+#: What a run measures, in order (``--sections`` picks some).
+SECTIONS = ("throughput", "latency", "restore", "startup", "memory")
 
 
 def rss_bytes(pid: object = "self") -> int:
@@ -279,6 +285,54 @@ def run_restore(args: argparse.Namespace, burn_loops: int) -> List[Dict]:
     return rows
 
 
+#: The reading services whose epoch start is compared, with 2 workers and their default options.
+STARTUP_PEERS: Dict[str, Callable[[], Any]] = {
+    "ours": lambda: MultiProcessingReadingService(num_workers=2),
+    "upstream_mprs": lambda: UpstreamMPRS(num_workers=2),
+}
+
+
+def startup_times(build: Callable[[], Any], make_rs: Callable[[], Any]) -> List[float]:
+    """Seconds from ``iter()`` to the first item in epochs 0 (the workers start) and 1 (they
+    reset), on a new ``DataLoader2`` seeded per epoch as upstream's example is."""
+    dl = DataLoader2(build(), reading_service=make_rs())
+    times = []
+    try:
+        for epoch in range(2):
+            torch.manual_seed(epoch)
+            start = time.perf_counter()
+            it = iter(dl)
+            next(it)
+            times.append(time.perf_counter() - start)
+            for _ in it:
+                pass
+    finally:
+        dl.shutdown()
+    return times
+
+
+def run_startup(args: argparse.Namespace) -> List[Dict]:
+    """Time to the first item of epochs 0 and 1, ours against upstream's, in alternation."""
+    repeats = 1 if args.smoke else max(3, args.repeats)  # medians of 3 at least
+    rows = []
+    for load in startup_workloads(args.smoke).values():
+        samples: Dict[str, List[List[float]]] = {name: [] for name in STARTUP_PEERS}
+        for _ in range(repeats):
+            for name, make_rs in STARTUP_PEERS.items():
+                samples[name].append(startup_times(load.build, make_rs))
+        for epoch in range(2):
+            medians = {name: statistics.median(s[epoch] for s in runs) for name, runs in samples.items()}
+            row = {"workload": load.name, "epoch": epoch, "median_s": medians, "repeats": repeats,
+                   "ratio_to_upstream": medians["ours"] / medians["upstream_mprs"]}  # fmt: skip
+            rows.append(row)
+            print(
+                f"  start-up {load.name:16s} epoch {epoch}: ours {medians['ours']:.2f} s, "
+                f"upstream {medians['upstream_mprs']:.2f} s ({row['ratio_to_upstream']:.2f}x)",
+                flush=True,
+            )
+    return rows
+
+
 def run_memory(args: argparse.Namespace, loads: Dict[str, Workload]) -> Dict:
     """RSS of the main process and of every worker across ``calls`` ``state_dict()`` calls (one per
     item) and ``calls / 10`` full ``snapshot()`` calls, after as many to warm up (a worker's RSS
@@ -342,33 +396,32 @@ def throughput_line(row: Dict) -> str:
     )
 
 
-def markdown(results: Dict) -> str:
-    """The report: what the default options give first, then the rows of options set."""
-    rows = results["throughput"]
+def throughput_lines(rows: List[Dict]) -> List[str]:
+    """What the default options give first, then the rows of options set."""
     default = [row for row in rows if row.get("variant", "default") == "default"]
     options = [row for row in rows if row.get("variant", "default") != "default"]
-    lines = [
-        f"Measured {results['date']} on {results['machine']} (torch {results['torch']}, "
-        f"torchdata {results['torchdata']}); medians of {results['repeats']} runs.",
-        "",
-        "Default options (the tensor pool on, where the platform has it):",
-        "",
-        *THROUGHPUT_HEADER,
-        *map(throughput_line, default),
-    ]
+    lines = ["Default options (the tensor pool on, where the platform has it):", "", *THROUGHPUT_HEADER]
+    lines += map(throughput_line, default)
     if options:
         lines += ["", "With an option set (`read_ahead=True`; `tensor_pool=False`):", "", *THROUGHPUT_HEADER]
         lines += map(throughput_line, options)
-    lines += ["", "| latency (4 workers, prefetching) | p50 | p99 |", "|---|---:|---:|"]
-    for key, value in results["latency"].items():
+    return lines
+
+
+def latency_lines(latency: Dict) -> List[str]:
+    lines = ["| latency (4 workers, prefetching) | p50 | p99 |", "|---|---:|---:|"]
+    for key, value in latency.items():
         lines.append(f"| {key} | {value['p50_ms']:.3f} ms | {value['p99_ms']:.3f} ms |")
-    lines += [
-        "",
+    return lines
+
+
+def restore_lines(rows: List[Dict]) -> List[str]:
+    lines = [
         "| restore (2 workers) | strategy | k | from_state to first item | vs k=0 | vs exact, or bound "
         "| reading-service state |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for row in results["restore"]:
+    for row in rows:
         versus = f"{row['ratio_to_exact']:.2f}x" if "ratio_to_exact" in row else ""
         if "bound_s" in row:
             within = "within" if row["median_s"] <= row["bound_s"] else "OVER"
@@ -377,20 +430,59 @@ def markdown(results: Dict) -> str:
             f"| {row['workload']} | {row['strategy']} | {row['k']:,} | {row['median_s'] * 1000:.1f} ms "
             f"| {row['ratio_to_k0']:.2f}x | {versus} | {row['state_bytes']:,} B |"
         )
-    mem = results["memory"]
+    return lines
+
+
+def startup_lines(rows: List[Dict]) -> List[str]:
+    lines = [
+        "| start-up (2 workers) | epoch | iter() to first item, ours | upstream MPRS | ours / upstream |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        m = row["median_s"]
+        lines.append(
+            f"| {row['workload']} | {row['epoch']} | {m['ours']:.2f} s | {m['upstream_mprs']:.2f} s "
+            f"| {row['ratio_to_upstream']:.2f}x |"
+        )
+    return lines
+
+
+def memory_lines(mem: Dict) -> List[str]:
     workers = zip(mem["worker_rss_before_mb"], mem["worker_rss_after_mb"])
-    lines += [
-        "",
+    return [
         f"Memory over {mem['state_dict_calls']:,} `state_dict()` and {mem['snapshots']:,} `snapshot()` "
         f"calls (4 workers, after as many to warm up): main-process RSS {mem['rss_before_mb']:.1f} MB "
         f"-> {mem['rss_after_mb']:.1f} MB; workers "
         + ", ".join(f"{b:.1f} -> {a:.1f} MB" for b, a in workers)
         + ".",
     ]
+
+
+#: The report's part for each section measured, in order.
+SECTION_LINES: Dict[str, Callable[[Any], List[str]]] = {
+    "throughput": throughput_lines,
+    "latency": latency_lines,
+    "restore": restore_lines,
+    "startup": startup_lines,
+    "memory": memory_lines,
+}
+
+
+def markdown(results: Dict) -> str:
+    """The report: each section measured, in order (the throughput's default options first)."""
+    lines = [
+        f"Measured {results['date']} on {results['machine']} (torch {results['torch']}, "
+        f"torchdata {results['torchdata']}); medians of {results['repeats']} runs.",
+    ]
+    for section, section_lines in SECTION_LINES.items():
+        if section in results:
+            lines += ["", *section_lines(results[section])]
     return "\n".join(lines) + "\n"
 
 
 def plot(results: Dict, path: Path) -> bool:
+    if "throughput" not in results:
+        return False
     try:
         import matplotlib
 
@@ -439,7 +531,11 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", default=list(workloads(1)))
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--update-readme", action="store_true", help="write the table into README.md")
+    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS),
+                        help="measure only these (the report lists the others as not measured)")  # fmt: skip
     args = parser.parse_args()
+    if args.update_readme and set(args.sections) != set(SECTIONS):
+        parser.error("--update-readme needs every section: the README's table is a whole run's")
     if args.smoke:
         args.quick = True
         args.repeats, args.workers, args.workloads = 1, [0, 2], ["tiny"]
@@ -460,14 +556,16 @@ def main() -> None:
         "repeats": args.repeats,
         "workloads": {name: w.description for name, w in loads.items()},
     }
-    print("throughput:", flush=True)
-    results["throughput"] = run_throughput(args, loads, all_peers)
-    print("latency:", flush=True)
-    results["latency"] = run_latency(args, workloads(1), all_peers)
-    print("restore:", flush=True)
-    results["restore"] = run_restore(args, burn_loops)
-    print("memory:", flush=True)
-    results["memory"] = run_memory(args, workloads(1))
+    measure: Dict[str, Callable[[], Any]] = {
+        "throughput": lambda: run_throughput(args, loads, all_peers),
+        "latency": lambda: run_latency(args, workloads(1), all_peers),
+        "restore": lambda: run_restore(args, burn_loops),
+        "startup": lambda: run_startup(args),
+        "memory": lambda: run_memory(args, workloads(1)),
+    }
+    for section in args.sections:
+        print(f"{section}:", flush=True)
+        results[section] = measure[section]()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "latest.json").write_text(json.dumps(results, indent=2))
     table = markdown(results)

@@ -194,3 +194,35 @@ def restore_workloads(burn_loops: int) -> Dict[str, RestoreWorkload]:
             files=formats.IMAGE_SHARDS,
         ),
     }
+
+
+@dataclass(frozen=True)
+class StartupWorkload:
+    """A pipeline whose epoch start is timed (see ``run_startup`` in ``run.py``)."""
+
+    name: str
+    description: str
+    build: Callable[[], Any]
+
+
+def upstream_example(pairs: int = 20_000) -> Any:
+    """The pipeline of upstream's ``examples/dataloader2/train_loop_reading_service.py``: 20,000
+    pairs of in-memory tensors, zipped, shuffled, sharded."""
+    features = IterableWrapper([torch.rand(3) for _ in range(pairs)])
+    labels = IterableWrapper([torch.rand(3) for _ in range(pairs)])
+    return features.zip(labels).shuffle().sharding_filter()
+
+
+def startup_workloads(smoke: bool = False) -> Dict[str, StartupWorkload]:
+    """Upstream's example (its data held by the graph) and text files (the graph holds paths)."""
+    lines, pairs = (4_000, 1_000) if smoke else (TEXT_LINES, 20_000)
+    return {
+        "upstream_example": StartupWorkload(
+            "upstream_example",
+            f"{pairs:,} pairs of in-memory tensors -> zip -> shuffle -> sharding_filter (upstream's example)",
+            partial(upstream_example, pairs),
+        ),
+        "text_shards": StartupWorkload(
+            "text_shards", formats.text_pipeline.__doc__ or "", partial(formats.text_pipeline, lines)
+        ),
+    }

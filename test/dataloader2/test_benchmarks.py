@@ -56,10 +56,29 @@ def test_benchmark_smoke_run_writes_table_and_json(tmp_path: Path) -> None:
         and "| text_shards | elastic 2->3 | 100 |" in table
     )
     assert table.index("| tiny | 2 |") < table.index("| tiny | 0, read_ahead |"), "the default rows first"
+    startup = results["startup"]
+    assert [(r["workload"], r["epoch"]) for r in startup] == [
+        ("upstream_example", 0), ("upstream_example", 1), ("text_shards", 0), ("text_shards", 1),
+    ]  # fmt: skip
+    assert all(set(r["median_s"]) == {"ours", "upstream_mprs"} for r in startup)
+    assert all(r["ratio_to_upstream"] > 0 for r in startup)
+    assert "| upstream_example | 0 |" in table and "| text_shards | 1 |" in table
     memory = results["memory"]
     assert memory["state_dict_calls"] == 10 * memory["snapshots"] > 0
     assert len(memory["worker_rss_before_mb"]) == len(memory["worker_rss_after_mb"]) == 4
     assert "`snapshot()` calls (4 workers" in table
+
+
+def test_a_run_of_some_sections_reports_those_and_leaves_the_readme_alone(tmp_path: Path) -> None:
+    run = [sys.executable, str(RUN), "--smoke", "--sections", "startup", "--out", str(tmp_path)]
+    refused = subprocess.run([*run, "--update-readme"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--update-readme needs every section" in refused.stderr
+    done = subprocess.run(run, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads((tmp_path / "latest.json").read_text())
+    assert "startup" in results and not {"throughput", "latency", "restore", "memory"} & set(results)
+    table = (tmp_path / "latest.md").read_text()
+    assert "| start-up (2 workers) |" in table and "| latency" not in table
 
 
 SWEEP = RUN.with_name("restore_sweep.py")
