@@ -19,6 +19,11 @@ LIVENESS_CHECK_INTERVAL_S = 1.0
 #: the caller's timeout. Liveness is checked all along: a process that dies is reported at once.
 STARTUP_TIMEOUT_S = 120.0
 
+#: A control wait bounds a stuck process, not a slow one: a process that used at least this share
+#: of the bound in CPU time since the wait began (or was last extended) gets the bound again.
+#: A process blocked on a lock or a read uses next to none; its own idle threads, well under 1%.
+BUSY_CPU_FRACTION = 0.05
+
 #: How long to wait for a process that closed its pipe to report its exit code.
 EXIT_CODE_WAIT_S = 2.0
 

@@ -7,7 +7,7 @@ import signal
 import threading
 import time
 import unittest
-from typing import Optional
+from typing import Any, Optional
 from unittest import TestCase
 
 import pytest
@@ -30,6 +30,30 @@ def _exit_with(code: int) -> None:
 
 def _sleep_forever() -> None:
     time.sleep(600)
+
+
+def _busy_then_answer(endpoint: Any, cpu_s: float) -> None:
+    """Answer once started, then compute for ``cpu_s`` seconds of CPU time and answer again."""
+    endpoint.send("started")
+    end = time.process_time() + cpu_s
+    while time.process_time() < end:
+        pass
+    endpoint.send("done")
+
+
+def _idle_after_answering(endpoint: Any) -> None:
+    endpoint.send("started")
+    time.sleep(600)
+
+
+def _start_serving(target, *args):  # type: ignore[no-untyped-def]
+    """``target(endpoint, *args)`` in a forked process that serves the channel returned."""
+    channel, endpoint, child_ends = make_pipe_pair(FORK)
+    process = FORK.Process(target=target, args=(endpoint, *args), daemon=True)
+    process.start()
+    for end in child_ends:
+        end.close()
+    return channel.bind("worker 1", process), process
 
 
 def _start(target, *args):  # type: ignore[no-untyped-def]
@@ -75,6 +99,39 @@ class TestChannel(TestCase):
             late.join(5)
         with pytest.raises(WorkerTimeoutError, match=r"within 0\.1 s"):
             channel.recv(timeout_s=0.1)  # started: the caller's bound applies again
+
+    def test_a_control_wait_gives_a_process_that_computes_the_bound_again(self) -> None:
+        channel, process = _start_serving(_busy_then_answer, 1.5)
+        self.addCleanup(process.join, 5)
+        self.addCleanup(process.kill)
+        assert channel.recv(timeout_s=10) == "started"
+        got = channel.recv(0.3, "ResetEpochResponse", option="control_timeout_s", while_busy=True)
+        assert got == "done", "slow, not stuck: five times the bound, and it answers"
+
+    def test_a_strict_bound_is_not_extended_for_a_process_that_computes(self) -> None:
+        channel, process = _start_serving(_busy_then_answer, 30)
+        self.addCleanup(process.join, 5)
+        self.addCleanup(process.kill)
+        assert channel.recv(timeout_s=10) == "started"
+        with pytest.raises(
+            WorkerTimeoutError, match=r"did not send an item within 0\.3 s; it is alive .*timeout_s"
+        ):
+            channel.recv(0.3, "an item", option="timeout_s")
+
+    def test_a_process_that_uses_no_cpu_times_out_naming_the_setting(self) -> None:
+        channel, process = _start_serving(_idle_after_answering)
+        self.addCleanup(process.join, 5)
+        self.addCleanup(process.kill)
+        assert channel.recv(timeout_s=10) == "started"
+        start = time.monotonic()
+        with pytest.raises(
+            WorkerTimeoutError,
+            match=rf"worker 1 did not send ResetEpochResponse within 0\.3 s and used no CPU time; it is "
+            rf"alive \(pid {process.pid}\) but stuck \(raise control_timeout_s, in seconds, if it needs "
+            r"longer\)",
+        ):
+            channel.recv(0.3, "ResetEpochResponse", option="control_timeout_s", while_busy=True)
+        assert time.monotonic() - start < 5
 
     def test_a_dead_worker_is_reported_with_pid_and_exit_code(self) -> None:
         channel, process = _start(_exit_with, 3)

@@ -32,6 +32,7 @@ def test_the_package_says_it_is_typed() -> None:
 OPTIONAL_IMPORTS = {
     "fsspec": "open_files_by_fsspec's files",
     "dill": "a graph traversal that pickle cannot do (torch's falls back to dill too)",
+    "psutil": "a worker's CPU time where /proc is not (a control wait tells busy from stuck)",
 }
 
 

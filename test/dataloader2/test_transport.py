@@ -9,7 +9,7 @@ from functools import partial
 from typing import Any
 
 import pytest
-from faults import stuck_at_5, stuck_at_5_telling, wait_for_fifo
+from faults import busy_on_second_reset, stuck_at_5, stuck_at_5_telling, wait_for_fifo
 from pipelines import (
     credit_outstanding,
     credit_window_of,
@@ -105,13 +105,25 @@ class TestTransport(SuiteTestCase):
         it = iter(dl)
         pids = [p.pid for p in worker_processes(dl)]
         with pytest.raises(
-            WorkerTimeoutError, match=r"worker 1 did not send an item within 1\.0 s; it is alive \(pid \d+\)"
+            WorkerTimeoutError,
+            match=r"worker 1 did not send an item within 1\.0 s; it is alive \(pid \d+\) but stuck "
+            r"\(raise timeout_s, in seconds",
         ):
             for x in it:
                 got.append(x)
         assert got == [0, 1, 2, 3, 4], "every item before the stuck one arrives, in order"
         assert time.monotonic() - start < 30
         assert gone(pids), "shut down, stuck or not"
+
+    def test_an_epoch_reset_that_computes_past_control_timeout_s_is_waited_for(self) -> None:
+        # A control timeout bounds a stuck worker, not a slow one: the second epoch's reset
+        # computes for 3 s, three times the bound, and the epoch starts.
+        dl = self.make_dl(
+            IterableWrapper(range(8)).sharding_filter(),
+            rs(2, control_timeout_s=1.0, worker_reset_fn=busy_on_second_reset),
+        )
+        assert sorted(dl) == list(range(8))
+        assert sorted(dl) == list(range(8))
 
     def test_shutting_down_workers_all_stuck_waits_once_not_once_per_worker(self) -> None:
         dl = self.make_dl(
@@ -136,7 +148,11 @@ class TestTransport(SuiteTestCase):
         assert wait_for_fifo(fifo, timeout_s=60), "worker 1 reaches item 5"  # or it answers the snapshot
         pids = [p.pid for p in worker_processes(dl)]
         start = time.monotonic()
-        with pytest.raises(WorkerTimeoutError, match="worker 1 did not send GetStateResponse within 1.0 s"):
+        with pytest.raises(
+            WorkerTimeoutError,
+            match=r"worker 1 did not send GetStateResponse within 1\.0 s and used no CPU time; it is alive "
+            r"\(pid \d+\) but stuck \(raise control_timeout_s, in seconds, if it needs longer\)",
+        ):
             dl.reading_service.snapshot()
         assert time.monotonic() - start < 30
         assert gone(pids), "the timeout shut the service down"

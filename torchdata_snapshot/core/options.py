@@ -127,8 +127,9 @@ class FaultOptions:
 
     Attributes:
         control_timeout_s: bound on waiting for the answer to a control request (pause, state,
-            epoch reset); a worker answers between two items. A process's first answer, which
-            waits for it to start, gets at least ``STARTUP_TIMEOUT_S`` (120 s).
+            epoch reset) of a process that is stuck: one that uses CPU time meanwhile gets it again
+            (see ``Channel.recv``); a worker answers between two items. A process's first answer,
+            which waits for it to start, gets at least ``STARTUP_TIMEOUT_S`` (120 s).
         timeout_s: bound on waiting for one item (``None``: as long as the worker lives, like
             ``torch.utils.data.DataLoader``'s ``timeout=0``). A dead worker is detected either way.
         restart_dead_workers: self-healing: how many times per epoch a worker that dies may be

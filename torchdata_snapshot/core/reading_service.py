@@ -88,7 +88,8 @@ class MultiProcessingReadingService(
         max_items_between_captures: at most this many items between two captures of a worker's graph
             state (captures are otherwise paced to 1% of the worker's time).
         control_timeout_s: bound on waiting for the answer to a control request (pause, state,
-            epoch reset); a process's first answer gets at least 120 s (it may be starting).
+            epoch reset) of a stuck process (one that computes meanwhile gets it again); a
+            process's first answer gets at least 120 s (it may be starting).
         timeout_s: bound on waiting for one item (``None``: as long as the worker lives).
         restart_dead_workers: self-healing: how many times per epoch a worker that dies may be
             replaced by a new process that replays its stream (see the reliability page).

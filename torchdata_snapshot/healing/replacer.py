@@ -98,7 +98,12 @@ class WorkerReplacer:
         """Read a new worker's answer to one step (it has no credit yet: it sends nothing else
         but the progress of a long replay, which goes to ``progress``)."""
         while True:
-            answer = channel.recv(self.control_timeout_s, what=f"{expected.__name__} of a restarted worker")
+            answer = channel.recv(
+                self.control_timeout_s,
+                f"{expected.__name__} of a restarted worker",
+                option="control_timeout_s",
+                while_busy=True,
+            )
             if isinstance(answer, ErrorResponse):
                 answer.exc.reraise()
             if isinstance(answer, expected):

@@ -32,6 +32,20 @@ def stuck_at_5(x: int) -> int:
     return x
 
 
+_RESETS = [0]
+
+
+def busy_on_second_reset(datapipe: Any, worker_info: Any, seed_generator: Any) -> Any:
+    """``worker_reset_fn``: the worker's second epoch reset computes for 3 s (a slow start, not a
+    stuck one)."""
+    _RESETS[0] += 1
+    if _RESETS[0] == 2:
+        end = time.process_time() + 3.0
+        while time.process_time() < end:
+            pass
+    return datapipe
+
+
 def stuck_at_5_telling(fifo: str, x: int) -> int:
     """:func:`stuck_at_5` that first writes a byte to the named pipe ``fifo``: the test then knows
     the worker is inside item 5 (see :func:`wait_for_fifo`)."""

@@ -121,15 +121,23 @@ class WorkerLinks:
 
     # --- one worker -----------------------------------------------------------------------------
 
-    def read(self, stream: WorkerRecord, timeout_s: Optional[float], what: str) -> Any:
+    def read(
+        self,
+        stream: WorkerRecord,
+        timeout_s: Optional[float],
+        what: str,
+        option: str = "timeout_s",
+        while_busy: bool = False,
+    ) -> Any:
         """Read one message of ``stream``: data and states are kept in it (``None`` is returned),
         a control answer is returned, and :data:`REPLACED` if the worker was found dead and replaced.
 
         A read that does not complete (the worker died, the wait timed out, Ctrl-C) leaves the
-        links ``broken``; once they are closed, a dead worker means "shut down".
+        links ``broken``; once they are closed, a dead worker means "shut down". ``option``, the
+        setting ``timeout_s`` comes from, and ``while_busy``: see :meth:`Channel.recv`.
         """
         try:
-            response = stream.channel.recv(timeout_s, what=what)
+            response = stream.channel.recv(timeout_s, what, option, while_busy)
             filed = stream.file(response, self.epoch)
         except WorkerError as e:
             if self.closed:
@@ -181,7 +189,9 @@ class WorkerLinks:
         """Read ``stream`` up to its answer of type ``expected`` (or an ``ErrorResponse``). Items
         read on the way are kept: they precede the answer in the worker's stream."""
         while True:
-            response = self.read(stream, timeout_s=self.control_timeout_s, what=expected.__name__)
+            response = self.read(
+                stream, self.control_timeout_s, expected.__name__, "control_timeout_s", while_busy=True
+            )
             if response is REPLACED:
                 answer = self._redo(stream, request)
                 if answer is not None:

@@ -74,7 +74,9 @@ class DispatcherClient:
         """Send ``request`` and return the answer; an ``ErrorResponse`` is raised as its error."""
         try:
             self.channel.send(request)
-            response = self.channel.recv(self.control_timeout_s, what=expected.__name__)
+            response = self.channel.recv(
+                self.control_timeout_s, expected.__name__, option="control_timeout_s", while_busy=True
+            )
         except BaseException as e:
             self.broken = f"{type(e).__name__} during {expected.__name__}"
             raise

@@ -26,7 +26,12 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from torchdata_snapshot._constants import EXIT_CODE_WAIT_S, LIVENESS_CHECK_INTERVAL_S, STARTUP_TIMEOUT_S
+from torchdata_snapshot._constants import (
+    BUSY_CPU_FRACTION,
+    EXIT_CODE_WAIT_S,
+    LIVENESS_CHECK_INTERVAL_S,
+    STARTUP_TIMEOUT_S,
+)
 from torchdata_snapshot._errors import WorkerDiedError, WorkerTimeoutError
 from torchdata_snapshot.core.transport.item_codec import ItemPool
 
@@ -92,6 +97,26 @@ def _close_quietly(*conns: Connection) -> None:
             pass
 
 
+def cpu_seconds(pid: Optional[int]) -> Optional[float]:
+    """The CPU time (user and system) process ``pid`` has used so far, or ``None`` where it cannot
+    be read (no ``/proc`` and no psutil: waits are then bounded as if the process were idle)."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        pass
+    try:
+        import psutil
+
+        times = psutil.Process(pid).cpu_times()
+        return float(times.user + times.system)
+    except Exception:  # psutil missing, or the process gone
+        return None
+
+
 class Channel:
     """The requesting side of a pipe pair: ``send`` requests, ``recv`` responses.
 
@@ -140,16 +165,26 @@ class Channel:
         except (EOFError, OSError):
             return True  # `recv` will report the death
 
-    def recv(self, timeout_s: Optional[float] = None, what: str = "a response") -> Any:
+    def recv(
+        self,
+        timeout_s: Optional[float] = None,
+        what: str = "a response",
+        option: Optional[str] = None,
+        while_busy: bool = False,
+    ) -> Any:
         """Block until the next response, checking liveness every ``LIVENESS_CHECK_INTERVAL_S``.
 
         Raises :class:`WorkerDiedError` if the serving process exits, :class:`WorkerTimeoutError`
         if ``timeout_s`` passes first (``None`` waits as long as the process lives; the first
-        answer gets at least ``STARTUP_TIMEOUT_S``).
+        answer gets at least ``STARTUP_TIMEOUT_S``); its message names ``option``, the setting
+        that bounds this wait. ``while_busy``: the bound is on a process that is stuck, not on
+        one that is slow: a process that used at least ``BUSY_CPU_FRACTION`` of the bound in CPU
+        time (a reset function, a graph's start, on a loaded machine) gets another ``timeout_s``.
         """
         if timeout_s is not None and not self._answered:
             timeout_s = max(timeout_s, STARTUP_TIMEOUT_S)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        cpu_s = cpu_seconds(self._pid) if while_busy and deadline is not None else None
         while True:
             wait_s = LIVENESS_CHECK_INTERVAL_S
             if deadline is not None:
@@ -163,9 +198,20 @@ class Channel:
                 self._raise_dead(e)
             self.check_alive()
             if deadline is not None and time.monotonic() >= deadline:
+                assert timeout_s is not None
+                used_s = None if cpu_s is None else cpu_seconds(self._pid)
+                if (
+                    cpu_s is not None
+                    and used_s is not None
+                    and used_s - cpu_s >= BUSY_CPU_FRACTION * timeout_s
+                ):
+                    cpu_s, deadline = used_s, time.monotonic() + timeout_s  # slow, not stuck
+                    continue
+                idle = " and used no CPU time" if cpu_s is not None and used_s is not None else ""
+                setting = "" if option is None else f" (raise {option}, in seconds, if it needs longer)"
                 raise WorkerTimeoutError(
-                    f"{self.name} did not send {what} within {timeout_s:.1f} s; it is alive "
-                    f"(pid {self.pid}) but stuck"
+                    f"{self.name} did not send {what} within {timeout_s:.1f} s{idle}; it is alive "
+                    f"(pid {self.pid}) but stuck{setting}"
                 )
 
     @property
