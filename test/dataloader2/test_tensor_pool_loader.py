@@ -5,9 +5,12 @@ they lived does), and nothing leaks on faults."""
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import sys
 import unittest
+from functools import partial
+from multiprocessing.reduction import ForkingPickler
 from types import SimpleNamespace
 from typing import Any, List
 
@@ -61,6 +64,57 @@ def image_item(i: int) -> dict:
 def decoded_bytes(i: int) -> Any:
     """A decoder's output: a read-only array viewing the bytes it parsed (``np.frombuffer``)."""
     return np.frombuffer(bytes([i % 256]) * 4096, dtype=np.uint8)
+
+
+def flags_of(array: Any) -> tuple:
+    return (type(array).__name__, array.flags.writeable, array.flags.c_contiguous, array.flags.f_contiguous)
+
+
+def _from_buffer(root: str, i: int) -> Any:
+    return np.frombuffer(bytes([i]) * 64, dtype=np.uint8)  # nanoGPT's token ids, read-only
+
+
+def _set_read_only(root: str, i: int) -> Any:
+    array = np.full(16, i, dtype=np.int64)
+    array.setflags(write=False)
+    return array
+
+
+def _strided_view(root: str, i: int) -> Any:
+    return np.full(32, i, dtype=np.int32)[::2]
+
+
+def _read_only_view(root: str, i: int) -> Any:
+    array = np.full(32, i, dtype=np.int32)
+    array.setflags(write=False)
+    return array[4:]
+
+
+def _fortran(root: str, i: int) -> Any:
+    return np.asfortranarray(np.full((4, 3), i, dtype=np.float32))
+
+
+def _memmap(root: str, i: int) -> Any:
+    path = os.path.join(root, f"{i}.bin")
+    if not os.path.exists(path):
+        np.full(8, i, dtype=np.int16).tofile(path)
+    return np.memmap(path, dtype=np.int16, mode="r")
+
+
+def _memmap_view(root: str, i: int) -> Any:
+    return np.asarray(_memmap(root, i))[2:]
+
+
+#: Ways of making an array: from a buffer, flags set, views, memmaps.
+ARRAYS = {
+    "frombuffer": _from_buffer,
+    "setflags": _set_read_only,
+    "strided_view": _strided_view,
+    "read_only_view": _read_only_view,
+    "fortran": _fortran,
+    "memmap": _memmap,
+    "memmap_view": _memmap_view,
+}
 
 
 class TestTensorPoolLoader(SuiteTestCase):
@@ -162,14 +216,25 @@ class TestTensorPoolLoader(SuiteTestCase):
         assert [label for label, _ in got] == [label for label, _ in expected]
         assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(got, expected))
 
+    @parametrize("make", sorted(ARRAYS))
     @parametrize("pool", [False, True])
-    def test_a_read_only_array_arrives_read_only(self, pool: bool) -> None:
+    def test_arrays_arrive_with_the_flags_multiprocessing_queues_give_them(
+        self, pool: bool, make: str
+    ) -> None:
+        # The queue-based loop's workers send items through multiprocessing's queues (ForkingPickler):
+        # whatever way an array was made, it arrives as that pickle gives it back.
+        build = ARRAYS[make]
         dl = self.make_dl(
-            IterableWrapper(range(12)).sharding_filter().map(decoded_bytes), rs(2, tensor_pool=pool)
+            IterableWrapper(range(6)).sharding_filter().map(partial(build, str(self.tmp_path))),
+            rs(2, tensor_pool=pool),
         )
-        got = list(dl)
-        assert [int(a[0]) for a in got] == list(range(12))
-        assert not any(a.flags.writeable for a in got)  # as pickle gives them, with the pool or without
+        got = sorted(dl, key=lambda a: int(a.flat[0]))
+        expected = [pickle.loads(ForkingPickler.dumps(build(str(self.tmp_path), i))) for i in range(6)]
+        assert [flags_of(a) for a in got] == [flags_of(a) for a in expected]
+        assert all(np.array_equal(a, b) for a, b in zip(got, expected))
+        for array in got:
+            if array.flags.writeable:
+                array += 1  # nanoGPT-style ids, changed in place where upstream allows it
 
     @parametrize("context", start_methods("fork", "spawn", "forkserver"))
     def test_a_process_forked_with_a_tensor_reads_its_values_after_the_loader_moved_on(

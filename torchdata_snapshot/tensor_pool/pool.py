@@ -20,10 +20,10 @@ memory and a descriptor round trip per tensor, about 0.1-0.8 GB/s. With it
   C-contiguous, not empty, holding no Python objects) takes the lowest free slot (flag 0 -> 1);
   it and the item's next qualifying tensors and arrays are copied into the slot, 64-byte
   aligned, and pickled as ``(slot, offset, size, dtype, shape)`` and what a pickle would keep
-  besides: a tensor's strides (where a size-1 dimension makes them unusual), an array's read-only
-  flag (numpy's pickle gives C strides). One that does not fit in what
-  is left of the slot, one that does not qualify, and all of an item's when no slot is free
-  take the usual path (``ForkingPickler``): a worker never waits for a slot.
+  besides: a tensor's strides (where a size-1 dimension makes them unusual), an array's
+  read-only flag where the items' pickle protocol keeps it (numpy's pickle gives C strides).
+  One that does not fit in what is left of the slot, one that does not qualify, and all of an
+  item's when no slot is free take the usual path (``ForkingPickler``): a worker never waits for a slot.
 * **Reading (main).** The item is unpickled with the stream's pool: each of its tensors is a
   ``torch.frombuffer`` tensor (each array a numpy view of one) over its own bytes of one
   memoryview of the slot, which its storage keeps alive. No copy is made: the user's
@@ -68,6 +68,7 @@ produced, and the bytes the main process views are a copy of them.
 
 from __future__ import annotations
 
+import functools
 import io
 import mmap
 import os
@@ -82,6 +83,7 @@ import torch
 from torchdata_snapshot._constants import ALIGN_BYTES
 from torchdata_snapshot._errors import ProtocolError
 from torchdata_snapshot.core.options import TensorPoolOptions
+from torchdata_snapshot.core.transport.item_codec import TRANSPORT_PROTOCOL
 from torchdata_snapshot.tensor_pool.leases import FORKS, SlotLedger
 
 __all__ = ["TensorPool", "pooled_array", "pooled_tensor"]
@@ -120,6 +122,17 @@ def _array_qualifies(a: Any) -> bool:
         and a.nbytes > 0
         and not a.dtype.hasobject
     )
+
+
+@functools.cache
+def _pickle_keeps_read_only() -> bool:
+    """Whether a read-only array pickled as items are (``TRANSPORT_PROTOCOL``) comes back
+    read-only: a pooled array arrives with the flag the usual path would give it."""
+    import numpy
+
+    array = numpy.zeros(1)
+    array.flags.writeable = False
+    return not pickle.loads(pickle.dumps(array, TRANSPORT_PROTOCOL)).flags.writeable
 
 
 def _bytes_of(obj: Any) -> memoryview:
@@ -253,7 +266,7 @@ class TensorPool:
             extra = _odd_strides(obj)
         elif _array_qualifies(obj):
             kind, nbytes, shape = pooled_array, obj.nbytes, obj.shape
-            extra = not obj.flags.writeable
+            extra = not obj.flags.writeable and _pickle_keeps_read_only()
         else:
             return None
         placed = self._place(nbytes)
@@ -360,7 +373,7 @@ def _rebuilders(pool: TensorPool) -> Tuple[Callable[..., Any], Callable[..., Any
         # and the slot would be freed while the array views it.
         array = own_bytes(slot, offset, nbytes).numpy().view(dtype).reshape(shape)
         if readonly:
-            array.flags.writeable = False  # as pickle gives it back
+            array.flags.writeable = False  # as the usual path gives it back
         return array
 
     return rebuild_tensor, rebuild_array

@@ -14,7 +14,13 @@ import pickle
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, List, Optional, Protocol, Tuple
 
-__all__ = ["ItemDecoder", "ItemEncoder", "ItemPool"]
+__all__ = ["TRANSPORT_PROTOCOL", "ItemDecoder", "ItemEncoder", "ItemPool"]
+
+#: The pickle protocol of the items: the one multiprocessing's queues use (``ForkingPickler.dumps``
+#: passes none), so that what arrives is what the queue-based loop's workers deliver. It decides more than
+#: bytes: numpy keeps a read-only array read-only through protocol 5 and gives back a writeable
+#: copy through 4, Python's default before 3.14.
+TRANSPORT_PROTOCOL = pickle.DEFAULT_PROTOCOL
 
 
 class ItemPool(Protocol):
@@ -65,7 +71,7 @@ class _SharingPickler(ForkingPickler):
     built-in types only, so plain items (numbers, strings, tuples, dicts) cost nothing more."""
 
     def __init__(self, file: io.BytesIO, pool: Optional[ItemPool] = None) -> None:
-        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        super().__init__(file, TRANSPORT_PROTOCOL)
         self.shared = False
         self.pool = pool
 
@@ -126,7 +132,7 @@ class ItemEncoder:
         if type(item) in _PLAIN:  # nothing in it to share or pool: the same bytes, faster
             self._pickler.shared = False
             self.slot = None
-            return pickle.dumps(item, pickle.HIGHEST_PROTOCOL)
+            return pickle.dumps(item, TRANSPORT_PROTOCOL)
         self._buffer.seek(0)
         self._buffer.truncate()
         self.count = 0
