@@ -37,6 +37,12 @@ def as_the_usual_path_gives_it(obj: Any) -> Any:
     return got
 
 
+def memfd_bytes(pool: TensorPool) -> int:
+    """The memory the pool's memfd holds (it is sparse: the pages written)."""
+    assert pool.fd is not None
+    return os.fstat(pool.fd).st_blocks * 512
+
+
 class Labelled(torch.Tensor):
     """A tensor subclass: it crosses as itself, not as a view of a slot."""
 
@@ -128,6 +134,50 @@ class TestTensorPool(SuiteTestCase):
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 1  # the child's collection freed nothing
         assert pool.free_slots() == 1 and torch.equal(kept, torch.arange(5))
+
+    def test_trimmed_a_kept_tensor_holds_its_own_pages_not_its_pool(self) -> None:
+        pool = TensorPool(TensorPoolOptions(4, 1 << 20, 1 << 20))
+        encoder = ItemEncoder(pool)
+        kept = []
+        for i in range(4):  # every slot written: ~4 x 512 KiB
+            item = {"image": torch.full((1 << 19,), i, dtype=torch.uint8), "label": torch.tensor([i])}
+            (got,) = ItemDecoder.decode(1, encoder.dumps(item), pool)
+            kept.append(got["label"])  # the image is dropped, its label kept
+        del got, item
+        dropped = ItemDecoder.decode(
+            1, encoder.dumps(np.ones(1 << 17)), pool
+        )  # (a slot left leased, then freed)
+        del dropped
+        before = memfd_bytes(pool)
+        assert before >= 4 * (1 << 19)
+        given = pool.trim()
+        after = memfd_bytes(pool)
+        page = mmap.PAGESIZE
+        assert after <= 4 * page + pool._header, "a page per kept label, and the slots' flags"
+        assert given >= before - after
+        assert [int(label) for label in kept] == [0, 1, 2, 3], "the kept tensors' values stay"
+
+    def test_trim_keeps_what_every_live_view_of_an_item_reads(self) -> None:
+        pool = TensorPool(TensorPoolOptions(1, 1 << 20, 1 << 20))
+        item = {"a": torch.arange(1 << 16, dtype=torch.int32), "b": torch.arange(1 << 16, dtype=torch.int64)}
+        (got,) = ItemDecoder.decode(1, ItemEncoder(pool).dumps(item), pool)
+        part = got["a"][100:200]  # a view outlives its tensor
+        array = got["b"].numpy()[::7]  # an array outlives its tensor
+        del got
+        pool.trim()
+        assert torch.equal(part, torch.arange(100, 200, dtype=torch.int32))
+        assert np.array_equal(array, np.arange(1 << 16)[::7])
+
+    def test_trim_keeps_a_slot_a_fork_may_read(self) -> None:
+        pool = TensorPool(TensorPoolOptions(1, 1 << 20, 1 << 20))
+        (got,) = ItemDecoder.decode(1, ItemEncoder(pool).dumps(torch.ones(1 << 17)), pool)
+        pool._ledger.holds[0] += 1  # as a fork made while it was leased holds it
+        try:
+            del got
+            before = memfd_bytes(pool)
+            assert pool.trim() == 0 and memfd_bytes(pool) == before
+        finally:
+            pool._ledger.holds[0] -= 1
 
     @parametrize(
         "array",

@@ -47,7 +47,7 @@ import select
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from torchdata_snapshot.core.plugins import starting_own_process
 
@@ -65,7 +65,9 @@ class SlotLedger:
     slot is freed (claimed) only while no fork is under way.
     """
 
-    __slots__ = ("__weakref__", "flags", "holds", "leased", "owner_pid", "pending", "window_dropped")
+    __slots__ = (
+        "__weakref__", "flags", "holds", "leased", "owner_pid", "pending", "views", "window_dropped",
+    )  # fmt: skip
 
     def __init__(self, flags: memoryview) -> None:
         self.flags = flags
@@ -74,10 +76,22 @@ class SlotLedger:
         self.holds = [0] * len(flags)
         self.pending: Set[int] = set()
         self.window_dropped: Set[int] = set()
+        # Per leased slot, what its item's storages are and where they view it (see live_ranges).
+        self.views: Dict[int, List[Tuple[weakref.ref, int, int]]] = {}
         FORKS.register(self)
 
     def lease(self, slot: int) -> None:
         self.leased[slot] = 1
+        self.views[slot] = []  # the slot's previous item is gone: it was freed
+
+    def viewed(self, slot: int, storage: Any, offset: int, nbytes: int) -> None:
+        """A storage of ``slot``'s item views ``nbytes`` bytes at ``offset`` of it."""
+        self.views[slot].append((weakref.ref(storage), offset, nbytes))
+
+    def live_ranges(self, slot: int) -> List[Tuple[int, int]]:
+        """``(offset, nbytes)`` within ``slot`` of its item's storages that live (a tensor's
+        storage lives as long as any tensor or array viewing it: see ``storages_outlive_handles``)."""
+        return [(offset, nbytes) for ref, offset, nbytes in self.views.get(slot, ()) if ref() is not None]
 
     def drop(self, slot: int) -> None:
         """The last tensor viewing ``slot`` was freed (its lease's finalizer): free the slot, or

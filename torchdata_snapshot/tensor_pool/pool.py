@@ -69,6 +69,7 @@ produced, and the bytes the main process views are a copy of them.
 from __future__ import annotations
 
 import functools
+import gc
 import io
 import mmap
 import os
@@ -76,7 +77,7 @@ import pickle
 import sys
 import weakref
 from multiprocessing.reduction import DupFd
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -321,9 +322,34 @@ class TensorPool:
         weakref.finalize(view, ledger.drop, slot).atexit = False
         return view
 
+    def viewed(self, slot: int, storage: Any, offset: int, nbytes: int) -> None:
+        """Note that ``storage`` views ``nbytes`` at ``offset`` of leased ``slot`` (for :meth:`trim`)."""
+        assert self._ledger is not None
+        self._ledger.viewed(slot, storage, offset, nbytes)
+
     def reclaim(self) -> None:
         """Free the slots whose last reader was a forked process that has exited since."""
         FORKS.reap()
+
+    def trim(self) -> int:
+        """Once the worker has exited: give its memfd back the pages no storage of this process
+        views (``MADV_REMOVE``), so that a tensor kept past ``shutdown()`` holds its own pages
+        rather than the whole pool. A slot a fork holds is kept whole (the fork may read it), and
+        so is a leased one where torch cannot tell which storages live."""
+        ledger = self._ledger
+        if ledger is None or not hasattr(mmap, "MADV_REMOVE"):
+            return 0
+        track = storages_outlive_handles()
+        given = 0
+        for slot in range(self.slots):
+            if ledger.holds[slot] or slot in ledger.pending or (ledger.leased[slot] and not track):
+                continue
+            start = self._header + slot * self.max_slot_bytes
+            kept = ledger.live_ranges(slot) if ledger.leased[slot] else []
+            for lo, hi in _unviewed_pages(start, self.max_slot_bytes, kept):
+                self._map.madvise(mmap.MADV_REMOVE, lo, hi - lo)
+                given += hi - lo
+        return given
 
     @property
     def slots_held_for_forks(self) -> int:
@@ -358,7 +384,9 @@ def _rebuilders(pool: TensorPool) -> Tuple[Callable[..., Any], Callable[..., Any
         view = leases.get(slot)
         if view is None:
             view = leases[slot] = pool.lease(slot)
-        return torch.frombuffer(view, dtype=torch.uint8, count=nbytes, offset=offset)
+        tensor = torch.frombuffer(view, dtype=torch.uint8, count=nbytes, offset=offset)
+        pool.viewed(slot, tensor.untyped_storage(), offset, nbytes)
+        return tensor
 
     def rebuild_tensor(
         slot: int, offset: int, nbytes: int, dtype: Any, shape: Tuple[int, ...], stride: Any
@@ -377,6 +405,37 @@ def _rebuilders(pool: TensorPool) -> Tuple[Callable[..., Any], Callable[..., Any
         return array
 
     return rebuild_tensor, rebuild_array
+
+
+def _unviewed_pages(start: int, size: int, kept: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    """The page-aligned ranges of ``[start, start + size)`` outside the pages that the ranges
+    ``kept`` (``(offset, nbytes)`` from ``start``) touch."""
+    gaps, at = [], start
+    for offset, nbytes in sorted(kept):
+        lo = start + offset // _PAGE * _PAGE
+        if lo > at:
+            gaps.append((at, lo))
+        at = max(at, _round_up(start + offset + nbytes, _PAGE))
+    if start + size > at:
+        gaps.append((at, start + size))
+    return gaps
+
+
+@functools.cache
+def storages_outlive_handles() -> bool:
+    """Whether a storage's Python object lives exactly as long as some tensor uses the storage,
+    though nobody holds the object (torch preserves it): then a weak reference to it tells
+    whether a tensor still views the storage's bytes. Checked once on this torch."""
+    data = bytearray(8)
+    tensor = torch.frombuffer(data, dtype=torch.uint8)
+    ref = weakref.ref(tensor.untyped_storage())
+    view = tensor[2:]
+    del tensor
+    gc.collect()
+    alive = ref() is not None
+    del view
+    gc.collect()
+    return alive and ref() is None
 
 
 def _attach(fd: Any, options: TensorPoolOptions) -> TensorPool:

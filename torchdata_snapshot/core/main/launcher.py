@@ -25,6 +25,7 @@ from torchdata_snapshot._errors import WorkerDiedError
 from torchdata_snapshot.core.options import TensorPoolOptions, WorkerOptions
 from torchdata_snapshot.core.plugins import own_process_start, require
 from torchdata_snapshot.core.transport.channel import Channel, describe_exit, make_pipe_pair, process_exit
+from torchdata_snapshot.core.transport.item_codec import ItemPool
 from torchdata_snapshot.core.worker.dispatcher import run_dispatcher
 from torchdata_snapshot.core.worker.entry import installed_loop, run_worker
 
@@ -45,6 +46,13 @@ def import_what_workers_seed(ctx: Any) -> None:
         importlib.import_module("numpy.random")
 
 
+def _exited(process: BaseProcess) -> bool:
+    try:
+        return process.exitcode is not None
+    except ValueError:  # closed (a replaced worker): it had exited
+        return True
+
+
 class ProcessLauncher:
     """The processes of one reading service, started with the multiprocessing context ``ctx``."""
 
@@ -60,6 +68,7 @@ class ProcessLauncher:
         self._dispatcher_pid: Optional[int] = None
         self._worker_graph: Any = None  # the replicable branch, wrapped for pickling
         self._loop_args: Dict[str, Any] = {}  # what the worker loop needs of this process
+        self._pools: List[Tuple[BaseProcess, ItemPool]] = []  # every worker's, replaced ones too
 
     @property
     def processes(self) -> List[BaseProcess]:
@@ -144,6 +153,8 @@ class ProcessLauncher:
         if dispatcher_link is not None:
             dispatcher_link.close()  # the worker's end of its link to the dispatcher
         channel.pool = pool
+        if pool is not None:
+            self._pools.append((process, pool))
         return channel.bind(f"worker {worker_id}", process, watch=self.check_dispatcher)
 
     def restart_worker(self, worker_id: int) -> Channel:
@@ -161,6 +172,16 @@ class ProcessLauncher:
         if dead.exitcode is not None:
             dead.close()
         return self.start_worker(worker_id)
+
+    def _trim_pools(self) -> None:
+        """The pools of exited workers give back what no tensor of the user's views: a tensor kept
+        past ``shutdown()`` then holds its own pages, not its worker's pool. (One whose worker
+        is still alive, a kill that did not take, may still be written: left whole.) The
+        launcher keeps none of them after this: each is unmapped with the last view of it."""
+        pools, self._pools = self._pools, []
+        for process, pool in pools:
+            if _exited(process):
+                pool.trim()
 
     def check_dispatcher(self) -> None:
         """Liveness check run by every wait on a worker: the worker may be waiting for the dispatcher."""
@@ -186,5 +207,7 @@ class ProcessLauncher:
                 process.kill()
         for process in processes:
             process.join(JOIN_TIMEOUT_S)
+        self._trim_pools()
+        for process in processes:
             if process.exitcode is not None:
                 process.close()

@@ -51,6 +51,11 @@ class ItemPool(Protocol):
     def close_fd(self) -> None:
         """Close the descriptor the pool was mapped from (the mapping stays)."""
 
+    def trim(self) -> int:
+        """Reader side, once the sender has exited: give back the memory no object of this
+        process views (the tensors a user keeps past ``shutdown()``). Returns the bytes given
+        back."""
+
 
 #: The types ``ForkingPickler.register`` was given a reduction for: torch registers tensors and
 #: storages, which then travel through shared memory. Registering updates this same dict, so the
