@@ -20,7 +20,11 @@ from torch.testing._internal.common_utils import instantiate_parametrized_tests,
 from torch.utils.data.graph_settings import apply_sharding
 from torchdata.datapipes.iter import FileOpener, IterableWrapper
 
+from torchdata_snapshot.checkpoint.function_digest import DIGEST_VERSION
 from torchdata_snapshot.checkpoint.identity import graph_arguments, graph_fingerprint, graph_identity
+
+#: In ``COMMON``: the digest of what the function computes with (see test_function_digest.py).
+CODE = object()
 
 
 def build(fn: Any = double) -> Any:
@@ -44,15 +48,24 @@ COMMON: Dict[str, Any] = {
     "cycle": (lambda: source().cycle(2), {"count": 2}),
     "map_partial": (
         lambda: source().map(functools.partial(scaled, factor=2)),
-        {"fn": "pipelines.scaled", "fn.factor": 2, "input_col": None, "output_col": None},
+        {"fn": "pipelines.scaled", "fn.factor": 2, "input_col": None, "output_col": None, "fn.code": CODE},
     ),
-    "filter": (lambda: source().filter(is_even), {"input_col": None}),
+    "filter": (
+        lambda: source().filter(is_even),
+        {"filter_fn": "pipelines.is_even", "filter_fn.code": CODE, "input_col": None},
+    ),
     "sharding_filter": (lambda: source().sharding_filter(), {"sharding_group_filter": None}),
     "mux": (lambda: source().mux(source(5)), {}),
     "zip": (lambda: source().zip(source()), {}),
     "unbatch": (lambda: source().batch(3).unbatch(), {"unbatch_level": 1}),
-    "flatmap": (lambda: source().flatmap(split), {"input_col": None}),
-    "collate": (lambda: source().batch(3).collate(), {}),
+    "flatmap": (
+        lambda: source().flatmap(split),
+        {"fn": "pipelines.split", "fn.code": CODE, "input_col": None},
+    ),
+    "collate": (  # torch's function: its name only
+        lambda: source().batch(3).collate(),
+        {"fn": "torch.utils.data._utils.collate.default_collate", "fn.code": None},
+    ),
     "prefetch": (lambda: source().prefetch(3), {}),  # how far it reads ahead is not compared
     "fork": (lambda: source().fork(2)[1], {"instance_id": 1}),
     "random_split": (
@@ -62,6 +75,8 @@ COMMON: Dict[str, Any] = {
     "groupby": (
         lambda: source().groupby(double, group_size=2, guaranteed_group_size=2),
         {
+            "group_key_fn": "pipelines.double",
+            "group_key_fn.code": CODE,
             "keep_key": False,
             "group_size": 2,
             "guaranteed_group_size": 2,
@@ -100,7 +115,12 @@ class TestIdentity(SuiteTestCase):
     def test_the_arguments_are_the_plain_constructor_arguments(self, name: str) -> None:
         make, expected = COMMON[name]
         datapipe = make()
-        assert graph_arguments(datapipe)[f"0:{type(datapipe).__name__}"] == expected
+        got = graph_arguments(datapipe)[f"0:{type(datapipe).__name__}"]
+        assert got == {key: got.get(key) if value is CODE else value for key, value in expected.items()}
+        codes = [key for key, value in expected.items() if value is CODE]
+        assert all(got[key].startswith(f"{DIGEST_VERSION}:") for key in codes), (
+            "what its function computes with"
+        )
 
     def test_the_arguments_of_files_and_lines(self) -> None:
         lines = FileOpener(IterableWrapper([self.text_file]), mode="r").readlines(strip_newline=False)

@@ -36,6 +36,7 @@ import functools
 import inspect
 import json
 import os
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Mapping, Optional
 
@@ -74,15 +75,18 @@ from torchdata.datapipes.iter.util.randomsplitter import _RandomSplitterIterData
 
 from torchdata_snapshot._compat.datapipes import text_reader_setting
 from torchdata_snapshot._constants import ARGUMENT_MAX_CHARS
+from torchdata_snapshot.checkpoint.function_digest import function_digest, same_computation
 from torchdata_snapshot.core.graph import FUNCTION_ATTRIBUTES, NOT_PLAIN, function_name, plain_data
 
 __all__ = [
+    "CODE",
     "READINGS",
     "Arguments",
     "Reading",
     "argument_changes",
     "datapipe_arguments",
     "reading_of",
+    "structure_change",
 ]
 
 #: Per DataPipe of a graph, by ``datapipe_key``: its plain constructor arguments by name.
@@ -90,6 +94,10 @@ Arguments = Dict[str, Dict[str, Any]]
 
 #: How to read one argument from a DataPipe.
 Read = Callable[[DataPipe], Any]
+
+
+#: The suffix of a function's record of what it computes with (``fn.code``, beside ``fn``).
+CODE = ".code"
 
 
 @dataclass(frozen=True)
@@ -142,8 +150,9 @@ def _attribute_values(datapipe: DataPipe) -> Dict[str, Any]:
     functional form ``dp.batch(4)`` passes, or the iterable a source such as
     ``IterableWrapper`` wraps), which is data, not a setting; nor private attributes (buffers,
     RNGs, seeds, iterator ids) and attributes no parameter is named after (the sharding
-    filter's instance, which sharding sets). A ``functools.partial`` (in ``fn``, say) counts as
-    its function's name (``fn``) and its arguments (``fn.args[0]``, ``fn.scale``)."""
+    filter's instance, which sharding sets). A function counts as its name (``fn``) and what it
+    computes with (``fn.code``: see :mod:`~torchdata_snapshot.checkpoint.function_digest`); a
+    ``functools.partial`` also as its arguments (``fn.args[0]``, ``fn.scale``)."""
     state = getattr(datapipe, "__dict__", {})
     values: Dict[str, Any] = {}
     for name in dict.fromkeys([*_parameters(type(datapipe)), *FUNCTION_ATTRIBUTES]):
@@ -152,8 +161,12 @@ def _attribute_values(datapipe: DataPipe) -> Dict[str, Any]:
         value = state[name]
         if isinstance(value, functools.partial):
             values[name] = function_name(value.func)
+            values[f"{name}{CODE}"] = function_digest(value)
             values.update((f"{name}.args[{i}]", v) for i, v in enumerate(value.args))
             values.update((f"{name}.{keyword}", v) for keyword, v in value.keywords.items())
+        elif isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+            values[name] = function_name(value)
+            values[f"{name}{CODE}"] = function_digest(value)
         else:
             values[name] = value
     return values
@@ -428,12 +441,38 @@ def argument_changes(
         reading = readings.get(key, _ATTRIBUTES)
         old, new = reading.compared(recorded[key]), reading.compared(current[key])
         for name in dict.fromkeys([*old, *new]):
-            if name not in old and name in reading.read:
-                continue  # recorded before the reading read it: the checkpoint cannot say
+            if name not in old and (name in reading.read or name.endswith(CODE) or f"{name}{CODE}" in new):
+                continue  # recorded before the reading (or functions) were: the checkpoint cannot say
+            if name.endswith(CODE) and name in old and name in new:
+                if not same_computation(old[name], new[name]):
+                    function = name[: -len(CODE)]
+                    changes.append(
+                        f"DataPipe {key}: its function {function} ({new.get(function, '?')}) computes "
+                        "otherwise than in the checkpoint: its code, defaults, or the values it captures "
+                        "or reads changed"
+                    )
+                continue
             if name not in old or name not in new or _canonical(old[name]) != _canonical(new[name]):
                 was, now = _shown(old, name), _shown(new, name)
                 changes.append(f"DataPipe {key}: {name} was {was} in the checkpoint, is {now} now")
     return changes
+
+
+def structure_change(recorded: Optional[Arguments], current: Optional[Arguments], changes: List[str]) -> str:
+    """What differs between two graphs whose structures do (by their arguments' keys, output
+    first): the first DataPipe of another type, or else the first argument change (a function
+    renamed), or else their connections."""
+    if recorded is not None and current is not None:
+        for old, new in zip(recorded, current):
+            if old != new:
+                return f"the first DataPipe that differs is {new}, where the checkpoint has {old}"
+        if len(recorded) != len(current):
+            return (
+                f"{'the checkpoint' if len(recorded) > len(current) else 'this pipeline'} has more DataPipes"
+            )
+        if changes:
+            return changes[0]
+    return "the same DataPipes, connected otherwise or with other functions"
 
 
 def _canonical(value: Any) -> str:

@@ -67,7 +67,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Literal, Optional, Tuple
 
 from torchdata_snapshot._errors import IncompatibleCheckpointError, InvalidCheckpointError
-from torchdata_snapshot.checkpoint.arguments import Arguments, argument_changes
+from torchdata_snapshot.checkpoint.arguments import Arguments, argument_changes, structure_change
 from torchdata_snapshot.checkpoint.identity import GraphIdentity
 from torchdata_snapshot.checkpoint.seeds import check_seed_state
 from torchdata_snapshot.core.graph import NOT_PLAIN, plain_data
@@ -340,16 +340,16 @@ class Checkpoint:
         self.check_graph(graph)
 
     def check_graph(self, graph: GraphIdentity) -> None:
-        """Raise :class:`IncompatibleCheckpointError` unless the state belongs to this graph: the
-        same structure and, where the state recorded them, the same arguments (the message
-        names each DataPipe and argument that differs, with both values)."""
-        if self.graph.fingerprint != graph.fingerprint:
-            raise IncompatibleCheckpointError(
-                f"the checkpoint was taken with another pipeline (structure fingerprint "
-                f"{self.graph.fingerprint}, this one is {graph.fingerprint}): restore it with the "
-                "DataPipe graph it was taken with"
-            )
+        """Raise :class:`IncompatibleCheckpointError` unless the state belongs to this graph: the same
+        structure and recorded arguments (the message names the DataPipes and arguments that differ)."""
         changes = argument_changes(self.graph.arguments, graph.arguments, graph.readings)
+        if self.graph.fingerprint != graph.fingerprint:
+            what = structure_change(self.graph.arguments, graph.arguments, changes)
+            raise IncompatibleCheckpointError(
+                f"the checkpoint was taken with another pipeline ({what}; structure fingerprint "
+                f"{self.graph.fingerprint}, this one is {graph.fingerprint}): restore it with the DataPipe "
+                "graph it was taken with"
+            )
         if changes:
             raise IncompatibleCheckpointError(
                 f"the checkpoint was taken with other arguments of its DataPipes ({'; '.join(changes)}): "
