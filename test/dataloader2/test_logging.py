@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 import unittest
 from functools import partial
 from typing import Any, List
@@ -46,6 +47,16 @@ def one(caplog: LogCapture, pattern: str) -> re.Match:
     return found[0]
 
 
+#: How long a worker started with ``slow_start`` takes to start (an import of a large library).
+SLOW_START_S = 2.0
+
+
+def slow_start(datapipe: Any, info: Any) -> Any:
+    """``worker_init_fn``: a start that takes ``SLOW_START_S`` (a large import, a spawned worker)."""
+    time.sleep(SLOW_START_S)
+    return datapipe
+
+
 def restored(make_dl: Any, state: Any, service: Any) -> DataLoader2:
     dl = DataLoader2.from_state(state, service)
     make_dl.created.append(dl)
@@ -73,12 +84,28 @@ class TestLogging(SuiteTestCase):
         record = next(r for r in records(self.caplog) if "restored epoch" in r.getMessage())
         assert record.name == "torchdata_snapshot.checkpoint.session" and record.levelno == logging.INFO
         m = re.fullmatch(
-            r"restored epoch 0 at item 25 \(2 workers\) by replay: (\d+) items replayed, in (\d+\.\d+) s",
+            r"restored epoch 0 at item 25 \(2 workers\) by replay: (\d+) items replayed, in (\d+\.\d+) s"
+            r"( \(after the workers' start, \d+\.\d+ s\))?",
             record.getMessage(),
         )
         assert m is not None, record.getMessage()
         assert int(m[1]) == 25, "each worker replays the items the user had of it"
         assert float(m[2]) < 60
+
+    def test_a_restore_log_says_the_workers_start_apart_from_the_restore(self) -> None:
+        dl = self.make_dl(tiny(60), rs(2))
+        take(iter(dl), 10)
+        state = dl.state_dict()
+        self.caplog.set_level(logging.INFO, logger=PACKAGE)
+        dl2 = restored(self.make_dl, state, rs(2, worker_init_fn=slow_start))
+        assert len(list(dl2)) == 50
+        m = one(
+            self.caplog,
+            r"restored epoch 0 at item 10 \(2 workers\) .*, in (\d+\.\d+) s "
+            r"\(after the workers' start, (\d+\.\d+) s\)",
+        )
+        assert float(m[2]) >= SLOW_START_S, "the start is said apart"
+        assert float(m[1]) < float(m[2]), "and not counted in the restore"
 
     def test_a_captured_state_restore_logs_the_few_items_after_the_state(self) -> None:
         dl = self.make_dl(tiny(200), rs(2, max_items_between_captures=4))

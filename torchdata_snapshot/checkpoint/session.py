@@ -102,11 +102,13 @@ def stream_positions(consumer: WorkerConsumer, delivered: Sequence[int]) -> Tupl
         )
 
 
-def _log_restore(resume: PendingRestore, epoch: int, seconds: float) -> None:
+def _log_restore(resume: PendingRestore, epoch: int, seconds: float, start_s: float = 0.0) -> None:
     """Say at INFO how ``epoch`` was resumed, how many items the workers replayed for it and what
-    that took (``seconds``: the epoch's reset and the replay, the workers' start not counted).
-    A replay in the main process happens at the first item: the outlet logs it then."""
+    that took (``seconds``: the epoch's reset and the replay; ``start_s``: the workers' start,
+    which the restore waited for first, said apart). A replay in the main process happens at the
+    first item: the outlet logs it then."""
     checkpoint = resume.checkpoint
+    after = f" (after the workers' start, {start_s:.3f} s)" if start_s >= 0.001 else ""
     if resume.resharded_from is not None:
         assert resume.elastic is not None  # an elastic start always has its levels
         old_workers, old_ranks = resume.resharded_from
@@ -114,7 +116,7 @@ def _log_restore(resume: PendingRestore, epoch: int, seconds: float) -> None:
         logger.info(
             "restored epoch %d elastically, from %d workers x %d ranks to %d workers x %d ranks: the %d "
             "elements the user had received whole are skipped and the others dealt over the new workers "
-            "(%d captured states to start from), in %.3f s",
+            "(%d captured states to start from), in %.3f s%s",
             epoch,
             old_workers,
             old_ranks,
@@ -123,6 +125,7 @@ def _log_restore(resume: PendingRestore, epoch: int, seconds: float) -> None:
             sum(resume.elastic.levels[-1].whole),
             len(resume.elastic.head_states),
             seconds,
+            after,
         )
         return
     if checkpoint.replay_in_main and checkpoint.delivered:
@@ -139,13 +142,14 @@ def _log_restore(resume: PendingRestore, epoch: int, seconds: float) -> None:
     else:
         how = f"from captured states in {from_states} of {len(started)} workers, by replay in the others"
     logger.info(
-        "restored epoch %d at item %d (%d workers) %s: %d items replayed, in %.3f s",
+        "restored epoch %d at item %d (%d workers) %s: %d items replayed, in %.3f s%s",
         epoch,
         checkpoint.delivered,
         checkpoint.num_workers,
         how,
         replayed,
         seconds,
+        after,
     )
 
 
@@ -259,7 +263,7 @@ class CheckpointSession(Session):
             logger.info("epoch %d of the checkpoint starts again at its beginning, as asked", self.epoch)
         self.epoch_seed = seed_state(seed_generator)
         self.elastic = None if resume is None else resume.elastic
-        started = time.monotonic()
+        started = time.time()  # (compared with the workers' own clock readings)
         replay = None
         if resume is not None and not resume.checkpoint.replay_in_main:
             checkpoint, epoch = resume.checkpoint, self.epoch
@@ -280,4 +284,7 @@ class CheckpointSession(Session):
             self.epoch, None if resume is None else resume.checkpoint
         )
         if resume is not None:
-            _log_restore(resume, self.epoch, time.monotonic() - started)
+            consumer = getattr(self.runtime, "consumer", None)
+            serving = None if consumer is None else consumer.workers_serving_since
+            begun = started if serving is None else max(started, serving)
+            _log_restore(resume, self.epoch, time.time() - begun, begun - started)

@@ -213,9 +213,11 @@ class ResetEpochRequest(Request):
 
 @dataclass(frozen=True)
 class ResetEpochResponse(Response):
-    """The epoch is reset; nothing of the previous epoch follows this response."""
+    """The epoch is reset; nothing of the previous epoch follows. ``serving_since``: when (``time.time()``)
+    the worker began to serve, its start done (a restore's log says that start apart)."""
 
     epoch: Optional[int] = None
+    serving_since: Optional[float] = None
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,8 @@ class WorkerConsumer(IterDataPipe):
         self.num_workers = len(self.streams)
         self.window = window
         self.positions = positions
+        # When (time.time()) the last worker to start began to serve, as of the last epoch reset.
+        self.workers_serving_since: Optional[float] = None
         self.links = WorkerLinks(self.streams, control_timeout_s, data_timeout_s, positions, replacer)
         self.next_worker = 0
 
@@ -186,7 +188,9 @@ class WorkerConsumer(IterDataPipe):
                 stream.start()
             self.next_worker = 0
             links.in_epoch = True
-            links.request_all(requests.__getitem__, ResetEpochResponse)
+            answers = links.request_all(requests.__getitem__, ResetEpochResponse)
+        serving = [answer.serving_since for answer in answers if answer.serving_since is not None]
+        self.workers_serving_since = max(serving, default=None)
 
     def replay(self, requests: Sequence[ReplayRequest], positions: Sequence[Any], next_worker: int) -> None:
         """Restore: worker ``i`` replays (and drops) the items the user already had, as

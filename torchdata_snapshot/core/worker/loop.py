@@ -86,6 +86,7 @@ class WorkerLoop(ServingLoop):
         self.encoder = ItemEncoder(pool)
         self.outbox = Outbox(endpoint, options.batching, self.name, None if pool is None else self._discard)
         self.current = WorkerEpoch()
+        self.serving_since: Optional[float] = None  # set as run() begins
         self.paused = False
         self.terminated = False
         if self.init_error is None:
@@ -106,6 +107,7 @@ class WorkerLoop(ServingLoop):
 
     def run(self) -> None:
         """Serve until ``TerminateRequest``, until the parent is gone or until the outbox broke."""
+        self.serving_since = time.time()
         try:
             while not self.terminated:
                 if self._can_produce():
@@ -263,7 +265,7 @@ class WorkerLoop(ServingLoop):
         answer_child_checks(self._datapipes())  # (the graph as the epoch runs it)
         epoch.iterator = iter(self.datapipe)
         self.current = epoch
-        self.outbox.put(ResetEpochResponse(request.epoch))
+        self.outbox.put(ResetEpochResponse(request.epoch, serving_since=self.serving_since))
 
     def _on_get_next(self, request: GetNextRequest) -> None:
         if request.epoch == self.current.number:
