@@ -29,9 +29,6 @@ from pathlib import Path
 from typing import Any, List
 
 warnings.filterwarnings("ignore", message=r"(?s).*'dataloader2' modules are deprecated")
-# SequentialReadingService warns that DistributedReadingService has no state to save or load: it
-# has none, ours records each rank's positions.
-warnings.filterwarnings("ignore", message=r".*doesn't support `(checkpoint|restore)`")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -12,6 +12,7 @@ core's only streams. The protocol is described in NOTE [ Snapshot protocol ]
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Type
 
 from torchdata.dataloader2 import reading_service as torchdata_rs
@@ -49,6 +50,19 @@ __all__ = ["MultiProcessingReadingService"]
 def _session_class() -> Type[Session]:
     """The most capable session installed: the checkpoint's, else the core's (which streams)."""
     return installed().session or Session
+
+
+# SequentialReadingService(DistributedReadingService(), ours) warns at every state_dict() that the
+# DistributedReadingService "doesn't support `checkpoint`, skipping...", and at a restore that it
+# initializes "from scratch": it has no state of its own to keep (its rank and world size come from
+# the process group again), and this reading service's state records the shard it read. The warning
+# reads as an incomplete checkpoint on a complete one; only that class's is silenced.
+warnings.filterwarnings(
+    "ignore",
+    message=r"<torchdata\.dataloader2\.reading_service\.DistributedReadingService object at \w+> "
+    r"doesn't support `(checkpoint|restore)`",
+    category=UserWarning,
+)
 
 
 class MultiProcessingReadingService(
