@@ -714,18 +714,20 @@ def test_the_command_line_refuses_with_a_message_and_exit_code_2(tmp_path: Path)
     ids=["not-torchdata", "not-git", "version", "dirty", "branch-exists"],
 )
 def test_refusals_are_typed_and_change_nothing(
-    checkout: Path, tools_bin: Path, prepare: object, error: str, match: str
+    checkout: Path, prepare: object, error: str, match: str
 ) -> None:
+    """(Refused before the linters are needed: a run without their environment refuses the same.)"""
     prepare(checkout)  # type: ignore[operator]
     if (checkout / "version.txt").read_text().startswith("0.6.0"):
         git(checkout, "commit", "-q", "-am", "another version")
     before = state(checkout) if (checkout / ".git").exists() else None
     with pytest.raises(getattr(tool("errors"), error), match=match):
-        tool("series").export(checkout, tools=tools_bin)
+        tool("series").export(checkout, tools=TOOLS_BIN)
     if before is not None:
         assert state(checkout) == before
 
 
+@pytest.mark.upstream_series  # (it makes commits: it needs the linters' environment)
 def test_a_failure_half_way_puts_the_checkout_back(checkout: Path, tools_bin: Path) -> None:
     # A file the third commit adds exists already: two commits are made, then the export fails.
     (checkout / "torchdata" / "dataloader2" / "communication" / "channel.py").write_text("# upstream's own\n")
@@ -744,6 +746,7 @@ def test_without_the_formatters_nothing_changes(checkout: Path, tmp_path: Path) 
     assert state(checkout) == before
 
 
+@pytest.mark.upstream_series  # (it makes commits: it needs the linters' environment)
 def test_a_commit_deletes_what_the_series_replaces_and_edits_each_place_it_names(
     checkout: Path, tools_bin: Path
 ) -> None:
@@ -1215,6 +1218,7 @@ def test_a_replaced_method_keeps_upstreams_signature_unless_ours_adds_parameters
     assert "def drop(self):" not in text
 
 
+@pytest.mark.upstream_series  # (it makes commits: it needs the linters' environment)
 def test_a_test_file_named_as_one_of_upstreams_is_refused_and_changes_nothing(
     checkout: Path, tools_bin: Path
 ) -> None:
