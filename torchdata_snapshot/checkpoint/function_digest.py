@@ -43,10 +43,7 @@ def function_digest(fn: Callable[..., Any]) -> Optional[str]:
         fn = fn.func
     if not isinstance(fn, types.FunctionType) or fn.__module__.split(".")[0] in _LIBRARIES:
         return None
-    parts: List[str] = []
-    _describe_function(fn, parts, set())
-    digest = hashlib.blake2b("\n".join(parts).encode(), digest_size=8).hexdigest()
-    return f"{DIGEST_VERSION}:{digest}"
+    return f"{DIGEST_VERSION}:{_function_hash(fn, set())}"
 
 
 def same_computation(recorded: Any, current: Any) -> bool:
@@ -57,6 +54,13 @@ def same_computation(recorded: Any, current: Any) -> bool:
     if recorded.split(":", 1)[0] != current.split(":", 1)[0]:
         return True
     return recorded == current
+
+
+def _function_hash(fn: types.FunctionType, seen: Set[int]) -> str:
+    """16 hex digits of what ``fn`` computes with (``seen``: the functions described on the way)."""
+    parts: List[str] = []
+    _describe_function(fn, parts, seen)
+    return hashlib.blake2b("\n".join(parts).encode(), digest_size=8).hexdigest()
 
 
 def _describe_function(fn: types.FunctionType, parts: List[str], seen: Set[int]) -> None:
@@ -111,9 +115,7 @@ def _value(value: Any, seen: Set[int], functions: bool = True) -> str:
     ones; a global function counts by name, as a module's own functions do), anything else by
     its type."""
     if functions and isinstance(value, types.FunctionType):
-        parts: List[str] = []
-        _describe_function(value, parts, seen)
-        return "function " + hashlib.blake2b("\n".join(parts).encode(), digest_size=8).hexdigest()
+        return "function " + _function_hash(value, seen)
     if isinstance(value, functools.partial):
         arguments = f"{_value(value.args, seen)} {_value(value.keywords, seen)}"
         return f"partial {_value(value.func, seen, functions)} {arguments}"

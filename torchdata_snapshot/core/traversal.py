@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import pickle
 import sys
+from collections import deque
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -98,18 +99,19 @@ class _InputFinder:
 
 
 class _Finding:
-    """What an :class:`_InputFinder`'s pickler adds to pickle's (or dill's): its reductions."""
+    """What an :class:`_InputFinder`'s pickler adds to pickle's (or dill's): its reductions, and a
+    file that keeps nothing."""
 
-    finder: _InputFinder
+    def __init__(self, finder: _InputFinder) -> None:
+        super().__init__(_Sink(), protocol=pickle.HIGHEST_PROTOCOL)  # type: ignore[call-arg, unused-ignore]
+        self.finder = finder
 
     def reducer_override(self, value: Any) -> Any:
         return self.finder.reducer_override(value)
 
 
 class _FindingPickler(_Finding, pickle.Pickler):
-    def __init__(self, finder: _InputFinder) -> None:
-        super().__init__(_Sink(), protocol=pickle.HIGHEST_PROTOCOL)
-        self.finder = finder
+    pass
 
 
 @functools.cache
@@ -118,9 +120,7 @@ def _finding_dill_pickler(base: type) -> Callable[[_InputFinder], Any]:
     garbage the collector must find, in every process, at every epoch)."""
 
     class FindingDillPickler(_Finding, base):  # type: ignore[misc, valid-type, unused-ignore]
-        def __init__(self, finder: _InputFinder) -> None:
-            super().__init__(_Sink(), protocol=pickle.HIGHEST_PROTOCOL)
-            self.finder = finder
+        pass
 
     return FindingDillPickler
 
@@ -169,9 +169,9 @@ def _traverse(datapipe: DataPipe, path: Set[int]) -> DataPipeGraph:
 def subgraph(graph: DataPipeGraph, datapipe: DataPipe) -> DataPipeGraph:
     """The part of ``graph`` ending at ``datapipe`` (empty if it is not in it), without traversing
     again."""
-    pending = [graph]
+    pending = deque([graph])
     while pending:
-        level = pending.pop(0)
+        level = pending.popleft()
         if id(datapipe) in level:
             return {id(datapipe): level[id(datapipe)]}
         pending.extend(inputs for _, inputs in level.values())
